@@ -1,0 +1,1 @@
+"""Database access: SQLAlchemy 2 Core on psycopg 3."""

@@ -1,0 +1,150 @@
+"""A private PostgreSQL cluster made with the installed binaries (initdb, pg_ctl).
+
+Used by the test harness (a throwaway cluster per test session) and by ``scrinalia dev`` (a durable one
+under ``.scrinalia/``). PostgreSQL refuses to run as root, so when we are root every server command runs
+as the ``postgres`` user through ``runuser``. The server listens on 127.0.0.1 and on a private socket
+directory, with trust authentication for local connections only.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SERVER_USER = "postgres"
+
+
+class LocalClusterError(RuntimeError):
+    pass
+
+
+def find_bindir() -> Path:
+    """The newest installed PostgreSQL bin directory that has initdb and pg_ctl."""
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name), reverse=True
+    )
+    for cand in candidates:
+        if Path(cand, "initdb").exists() and Path(cand, "pg_ctl").exists():
+            return Path(cand)
+    initdb = shutil.which("initdb")
+    if initdb and shutil.which("pg_ctl"):
+        return Path(initdb).parent
+    raise LocalClusterError("no PostgreSQL server binaries found (initdb, pg_ctl); install postgresql")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LocalCluster:
+    data_dir: Path
+    port: int
+    bindir: Path
+
+    @classmethod
+    def create(cls, root: Path, port: int | None = None) -> "LocalCluster":
+        """Init a cluster under ``root`` (or reuse the one already there) and return it, not started."""
+        root = root.resolve()
+        cluster = cls(root / "pgdata", port or _saved_port(root) or free_port(), find_bindir())
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "port").write_text(str(cluster.port))
+        if not (cluster.data_dir / "PG_VERSION").exists():
+            cluster._init()
+        return cluster
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.data_dir.parent / "socket"
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://{SERVER_USER}@127.0.0.1:{self.port}/{database}"
+
+    def _as_server_user(self, argv: list[str]) -> list[str]:
+        if os.geteuid() == 0:
+            return ["runuser", "-u", SERVER_USER, "--", *argv]
+        return argv
+
+    def _chown(self, path: Path) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(path, SERVER_USER, SERVER_USER)
+
+    def _init(self) -> None:
+        root = self.data_dir.parent
+        # The server user must be able to reach its directories through every parent.
+        for parent in [root, *root.parents]:
+            if parent == Path("/"):
+                break
+            mode = parent.stat().st_mode
+            if os.geteuid() == 0 and not mode & 0o001:
+                os.chmod(parent, mode | 0o011)
+        for d in (self.data_dir, self.socket_dir):
+            d.mkdir(parents=True, exist_ok=True)
+            self._chown(d)
+        os.chmod(self.data_dir, 0o700)
+        _run(self._as_server_user([
+            str(self.bindir / "initdb"), "-D", str(self.data_dir), "-U", SERVER_USER,
+            "-A", "trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync",
+        ]))
+
+    def start(self, *, fsync: bool = True, max_connections: int = 200) -> None:
+        if self.is_running():
+            return
+        self.socket_dir.mkdir(parents=True, exist_ok=True)
+        self._chown(self.socket_dir)
+        options = (
+            f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1"
+            f" -c max_connections={max_connections} -c fsync={'on' if fsync else 'off'}"
+            f" -c synchronous_commit={'on' if fsync else 'off'} -c full_page_writes={'on' if fsync else 'off'}"
+        )
+        log = self.data_dir.parent / "postgres.log"
+        log.touch()
+        self._chown(log)
+        _run(self._as_server_user([
+            str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-l", str(log), "-o", options, "-w", "-t", "60", "start",
+        ]))
+        self._wait_ready()
+
+    def is_running(self) -> bool:
+        proc = subprocess.run(
+            self._as_server_user([str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "status"]),
+            capture_output=True,
+        )
+        return proc.returncode == 0
+
+    def _wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise LocalClusterError(f"PostgreSQL did not accept connections on port {self.port}")
+
+    def stop(self, mode: str = "fast") -> None:
+        if self.is_running():
+            _run(self._as_server_user([str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w", "stop"]))
+
+    def destroy(self) -> None:
+        self.stop("immediate")
+        shutil.rmtree(self.data_dir.parent, ignore_errors=True)
+
+
+def _saved_port(root: Path) -> int | None:
+    try:
+        return int((root / "port").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _run(argv: list[str]) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LocalClusterError(f"{' '.join(argv[:1] + argv[-1:])} failed: {proc.stderr.strip() or proc.stdout.strip()}")

@@ -1,0 +1,380 @@
+"""The schema as SQLAlchemy Core metadata.
+
+Alembic's migrations are the only way the schema changes; this metadata mirrors what they create so
+that ``alembic check`` can prove the two agree, and so that queries outside the protocol's hot path can
+use Core constructs. The protocol's own statements are written as visible SQL in the ledger module.
+"""
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    Computed,
+    Date,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+
+metadata = MetaData()
+
+WORKER_NAME_MAX = 100
+ERROR_MAX = 2000
+
+RUN_STATUSES = ("QUEUED", "RUNNING", "SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED")
+ACTIVE_STATUSES = ("QUEUED", "RUNNING")
+TERMINAL_STATUSES = ("SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED")
+RUN_TRIGGERS = ("CLI", "API", "SCHEDULE")
+EXIT_REASONS = (
+    "exception",
+    "signal",
+    "oom",
+    "timeout",
+    "lease-lost",
+    "runner-stopped",
+    "cancelled",
+    "cancel-forced",
+)
+USER_ROLES = ("ADMIN", "CURATOR", "VIEWER")
+DOCUMENT_STATUSES = ("DRAFT", "PUBLISHED", "NEEDS_REVIEW", "HUMAN_APPROVED")
+CLEANING_RULE_KINDS = ("REWRITE", "VALIDATE", "LLM_CHECK")
+ENTITY_LABELS = ("PER", "ORG", "LOC", "MISC")
+
+run_status = Enum(*RUN_STATUSES, name="worker_run_status")
+run_trigger = Enum(*RUN_TRIGGERS, name="worker_run_trigger")
+user_role = Enum(*USER_ROLES, name="user_role")
+document_status = Enum(*DOCUMENT_STATUSES, name="document_status")
+cleaning_rule_kind = Enum(*CLEANING_RULE_KINDS, name="cleaning_rule_kind")
+
+TS = DateTime(timezone=True)
+
+# --- identity -------------------------------------------------------------------------------------
+
+auth_users = Table(
+    "auth_users",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("email", Text, nullable=False),
+    Column("password_hash", Text, nullable=False),
+    Column("role", user_role, nullable=False, server_default="VIEWER"),
+    Column("is_active", Boolean, nullable=False, server_default=text("true")),
+    Column("must_change_password", Boolean, nullable=False, server_default=text("false")),
+    Column("failed_attempts", Integer, nullable=False, server_default=text("0")),
+    Column("lockout_count", Integer, nullable=False, server_default=text("0")),
+    Column("locked_until", TS),
+    Column("last_login_at", TS),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("updated_at", TS, nullable=False, server_default=func.now()),
+    Index("uq_auth_users_email", func.lower(text("email")), unique=True),
+)
+
+auth_sessions = Table(
+    "auth_sessions",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("token_sha256", Text, nullable=False, unique=True),
+    Column("csrf_token", Text, nullable=False),
+    Column("user_id", BigInteger, ForeignKey("auth_users.id", ondelete="CASCADE"), nullable=False),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("expires_at", TS, nullable=False),
+    Column("last_seen_at", TS),
+    Column("revoked_at", TS),
+    Column("client_address", Text),
+    Column("user_agent", Text),
+    Index("ix_auth_sessions_user", "user_id"),
+)
+
+# --- the runner registry --------------------------------------------------------------------------
+
+archive_worker_runners = Table(
+    "archive_worker_runners",
+    metadata,
+    Column("runner_id", UUID(as_uuid=True), primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("kind", Text, nullable=False, server_default="daemon"),
+    Column("hostname", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("package_version", Text, nullable=False),
+    Column("schema_revision", Text),
+    Column("capabilities", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column("concurrency", Integer, nullable=False, server_default=text("1")),
+    Column("heartbeat_seconds", Float, nullable=False),
+    Column("lease_seconds", Float, nullable=False),
+    Column("poll_seconds", Float),
+    Column("devices", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("children", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("started_at", TS, nullable=False, server_default=func.now()),
+    Column("last_heartbeat_at", TS, nullable=False, server_default=func.now()),
+    Column("stopped_at", TS),
+    Column("drain_requested_at", TS),
+    Column("drain_requested_by", Text),
+    CheckConstraint("lease_seconds > heartbeat_seconds", name="ck_runner_lease_exceeds_heartbeat"),
+    CheckConstraint("concurrency >= 1", name="ck_runner_concurrency_positive"),
+    Index("ix_runners_last_heartbeat", "last_heartbeat_at"),
+)
+
+# --- schedules and settings ------------------------------------------------------------------------
+
+archive_worker_schedules = Table(
+    "archive_worker_schedules",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("worker_name", String(WORKER_NAME_MAX), nullable=False),
+    Column("interval_seconds", Integer, nullable=False),
+    Column("request", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("enabled", Boolean, nullable=False, server_default=text("true")),
+    Column("next_run_at", TS, nullable=False, server_default=func.now()),
+    Column("last_tick_at", TS),
+    Column("last_run_id", UUID(as_uuid=True)),
+    Column("last_outcome", Text),
+    Column("created_by", Text),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("updated_at", TS, nullable=False, server_default=func.now()),
+    CheckConstraint("interval_seconds >= 60", name="ck_schedule_interval_min"),
+    CheckConstraint("jsonb_typeof(request) = 'object'", name="ck_schedule_request_object"),
+    Index("ix_schedules_due", "next_run_at", postgresql_where=text("enabled")),
+)
+
+archive_worker_settings = Table(
+    "archive_worker_settings",
+    metadata,
+    Column("worker_name", String(WORKER_NAME_MAX), primary_key=True),
+    Column("engine_name", Text),
+    Column("preset", Text),
+    Column("db_batch_size", Integer),
+    Column("options", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("engine_options", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("revision", Integer, nullable=False, server_default=text("1")),
+    Column("updated_at", TS, nullable=False, server_default=func.now()),
+    Column("updated_by", Text),
+)
+
+archive_worker_setting_revisions = Table(
+    "archive_worker_setting_revisions",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("worker_name", String(WORKER_NAME_MAX), nullable=False),
+    Column("revision", Integer, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("settings", JSONB),
+    Column("changed_at", TS, nullable=False, server_default=func.now()),
+    Column("changed_by", Text),
+    UniqueConstraint("worker_name", "revision", name="uq_setting_revision"),
+    CheckConstraint("action IN ('PUT', 'DELETE')", name="ck_setting_revision_action"),
+)
+
+# --- the ledger (and the queue) --------------------------------------------------------------------
+
+_quoted_statuses = ", ".join(f"'{s}'" for s in ACTIVE_STATUSES)
+_quoted_reasons = ", ".join(f"'{r}'" for r in EXIT_REASONS)
+
+archive_worker_runs = Table(
+    "archive_worker_runs",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("run_id", UUID(as_uuid=True), nullable=False, unique=True,
+           server_default=text("gen_random_uuid()")),
+    Column("worker_name", String(WORKER_NAME_MAX), nullable=False),
+    Column("status", run_status, nullable=False, server_default="QUEUED"),
+    Column("trigger", run_trigger, nullable=False),
+    Column("requested_by", Text),
+    Column("requested_by_user_id", BigInteger, ForeignKey("auth_users.id", ondelete="SET NULL")),
+    Column("request", JSONB, nullable=False),
+    Column("engine_name", Text),
+    Column("preset", Text),
+    Column("config", JSONB),
+    Column("options", JSONB),
+    Column("queued_at", TS, nullable=False, server_default=func.now()),
+    Column("started_at", TS),
+    Column("finished_at", TS),
+    Column("duration_ms", BigInteger),
+    Column("runner_id", UUID(as_uuid=True), ForeignKey("archive_worker_runners.runner_id")),
+    Column("heartbeat_at", TS),
+    Column("lease_expires_at", TS),
+    Column("attempt", Integer, nullable=False, server_default=text("1")),
+    Column("retry_of", UUID(as_uuid=True), ForeignKey("archive_worker_runs.run_id")),
+    Column("not_before", TS),
+    Column("schedule_id", BigInteger,
+           ForeignKey("archive_worker_schedules.id", ondelete="SET NULL")),
+    Column("cancel_requested_at", TS),
+    Column("cancel_requested_by", Text),
+    Column("error", Text),
+    Column("error_fingerprint", Text, Computed("archive_error_fingerprint(error)", persisted=True)),
+    Column("exit_code", Integer),
+    Column("exit_signal", Integer),
+    Column("exit_reason", Text),
+    Column("progress", JSONB),
+    Column("metrics", JSONB),
+    Column("result", JSONB),
+    CheckConstraint("char_length(worker_name) >= 1", name="ck_run_worker_name_not_empty"),
+    CheckConstraint("jsonb_typeof(request) = 'object'", name="ck_run_request_object"),
+    CheckConstraint(f"char_length(error) <= {ERROR_MAX}", name="ck_run_error_length"),
+    CheckConstraint(f"exit_reason IN ({_quoted_reasons})", name="ck_run_exit_reason"),
+    CheckConstraint("attempt >= 1", name="ck_run_attempt_positive"),
+    # One slot per worker: the queue is a slot, not a backlog (ADR 0014, decision 2).
+    Index("uq_worker_run_active", "worker_name", unique=True,
+          postgresql_where=text(f"status IN ({_quoted_statuses})")),
+    # The claim reads only QUEUED rows; the index holds only them, so history does not slow it.
+    Index("ix_worker_runs_claim", "queued_at", "id", postgresql_where=text("status = 'QUEUED'")),
+    # Lease expiry and the heartbeat read only RUNNING rows.
+    Index("ix_worker_runs_lease", "lease_expires_at", postgresql_where=text("status = 'RUNNING'")),
+    Index("ix_worker_runs_runner", "runner_id", postgresql_where=text("status = 'RUNNING'")),
+    # Last run per worker, the runs list and its filters (keyset on id).
+    Index("ix_worker_runs_worker_id", "worker_name", text("id DESC")),
+    Index("ix_worker_runs_fingerprint", "error_fingerprint", "finished_at",
+          postgresql_where=text("error_fingerprint IS NOT NULL")),
+    Index("ix_worker_runs_retry_of", "retry_of", postgresql_where=text("retry_of IS NOT NULL")),
+)
+
+# --- the archive -----------------------------------------------------------------------------------
+
+archive_documents = Table(
+    "archive_documents",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("reference_code", Text, nullable=False, unique=True),
+    Column("title", Text, nullable=False, server_default=""),
+    Column("scope_and_content", Text),
+    Column("admin_biographical_history", Text),
+    Column("provenance", Text),
+    Column("date_text", Text),
+    Column("date_start", Date),
+    Column("date_end", Date),
+    Column("level", Text),
+    Column("extent", Text),
+    Column("language", Text),
+    Column("creator", Text),
+    Column("status", document_status, nullable=False, server_default="DRAFT"),
+    Column("is_anomaly", Boolean, nullable=False, server_default=text("false")),
+    Column("anomaly_reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    # Per-worker stamps: {"<stamp key>": {"stamp": ..., "status": "DONE"|"ERROR", "run_id": ..., "at": ...}}.
+    Column("execution_log", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("updated_at", TS, nullable=False, server_default=func.now()),
+    Index("ix_documents_status", "status"),
+)
+
+archive_document_embeddings = Table(
+    "archive_document_embeddings",
+    metadata,
+    Column("document_id", BigInteger, ForeignKey("archive_documents.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("model", Text, nullable=False),
+    Column("dimensions", Integer, nullable=False),
+    Column("vector", ARRAY(Float(precision=24)), nullable=False),
+    Column("text_md5", Text, nullable=False),
+    Column("run_id", UUID(as_uuid=True)),
+    Column("updated_at", TS, nullable=False, server_default=func.now()),
+)
+
+archive_entities = Table(
+    "archive_entities",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("label", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("normalized_name", Text, nullable=False),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    UniqueConstraint("label", "normalized_name", name="uq_entity_label_name"),
+    CheckConstraint("label IN ('PER', 'ORG', 'LOC', 'MISC')", name="ck_entity_label"),
+)
+
+archive_document_entities = Table(
+    "archive_document_entities",
+    metadata,
+    Column("document_id", BigInteger, ForeignKey("archive_documents.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("entity_id", BigInteger, ForeignKey("archive_entities.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("score", Float),
+    Column("mentions", Integer, nullable=False, server_default=text("1")),
+    Column("run_id", UUID(as_uuid=True)),
+    Index("ix_document_entities_entity", "entity_id"),
+)
+
+archive_entity_stopwords = Table(
+    "archive_entity_stopwords",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("term", Text, nullable=False, unique=True),
+)
+
+archive_entity_exclusions = Table(
+    "archive_entity_exclusions",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("label", Text),
+    Column("term", Text, nullable=False),
+    UniqueConstraint("label", "term", name="uq_entity_exclusion"),
+)
+
+archive_typologies = Table(
+    "archive_typologies",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("description", Text),
+    Column("active", Boolean, nullable=False, server_default=text("true")),
+)
+
+archive_document_typologies = Table(
+    "archive_document_typologies",
+    metadata,
+    Column("document_id", BigInteger, ForeignKey("archive_documents.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("typology_id", BigInteger, ForeignKey("archive_typologies.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("score", Float, nullable=False),
+    Column("run_id", UUID(as_uuid=True)),
+)
+
+archive_cleaning_rules = Table(
+    "archive_cleaning_rules",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("kind", cleaning_rule_kind, nullable=False),
+    Column("field", Text, nullable=False, server_default="title"),
+    Column("pattern", Text),
+    Column("replacement", Text),
+    Column("message", Text),
+    Column("engine_name", Text),
+    Column("engine_options", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("prompt", Text),
+    Column("active", Boolean, nullable=False, server_default=text("true")),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("updated_at", TS, nullable=False, server_default=func.now()),
+    # One active model check at a time: it is the quality validator's engine.
+    Index("uq_cleaning_rule_active_llm_check", "kind", unique=True,
+          postgresql_where=text("kind = 'LLM_CHECK' AND active")),
+)
+
+archive_review_queue = Table(
+    "archive_review_queue",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("document_id", BigInteger, ForeignKey("archive_documents.id", ondelete="CASCADE"),
+           nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("source_run_id", UUID(as_uuid=True)),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("resolved_at", TS),
+    Column("resolved_by", Text),
+    Index("uq_review_open_per_document", "document_id", unique=True,
+          postgresql_where=text("resolved_at IS NULL")),
+)

@@ -1,0 +1,581 @@
+"""The ledger is the queue: every protocol step on ``archive_worker_runs`` as ONE SQL statement.
+
+Each function runs exactly one statement in its own transaction, takes every timestamp from the
+database's ``now()`` (the API host and the GPU host have different clocks), and carries the fence of
+DESIGN.md's protocol table:
+
+    enqueue        INSERT QUEUED                          fence: uq_worker_run_active -> WorkerRunAlreadyActive
+    claim_next     UPDATE one QUEUED row -> RUNNING        fence: FOR UPDATE SKIP LOCKED
+    record_start   effective engine/preset/config/options  fence: runner_id = me AND status = RUNNING
+    heartbeat      registry row + all my RUNNING rows      fence: runner_id = me
+    finish         terminal status + exit fields           fence: runner_id = me AND status = RUNNING
+    expire_leases  RUNNING past its lease -> INTERRUPTED   fence: the lease
+    request_cancel QUEUED -> CANCELLED; RUNNING -> flag    fence: status
+
+A fenced statement that touches no row means the caller lost that run: it must write nothing more.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from typing import Any
+
+from psycopg.errors import UniqueViolation
+from sqlalchemy import Engine, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.types import Text
+
+from scrinalia.db.tables import ERROR_MAX, EXIT_REASONS, RUN_TRIGGERS, TERMINAL_STATUSES, WORKER_NAME_MAX
+from scrinalia.domains.archive.errors import (
+    InvalidRunRequest,
+    RunAlreadyFinished,
+    RunNotFound,
+    WorkerRunAlreadyActive,
+)
+
+REQUEST_KEYS = ("engine_name", "preset", "db_batch_size", "options", "engine_options")
+BATCH_SIZE_MIN, BATCH_SIZE_MAX = 1, 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRun:
+    """One ledger row. Plain data, so it crosses process boundaries (pickle, JSON) unchanged."""
+
+    id: int
+    run_id: uuid.UUID
+    worker_name: str
+    status: str
+    trigger: str
+    requested_by: str | None
+    requested_by_user_id: int | None
+    request: dict[str, Any]
+    engine_name: str | None
+    preset: str | None
+    config: dict[str, Any] | None
+    options: dict[str, Any] | None
+    queued_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_ms: int | None
+    runner_id: uuid.UUID | None
+    heartbeat_at: datetime | None
+    lease_expires_at: datetime | None
+    attempt: int
+    retry_of: uuid.UUID | None
+    not_before: datetime | None
+    schedule_id: int | None
+    cancel_requested_at: datetime | None
+    cancel_requested_by: str | None
+    error: str | None
+    error_fingerprint: str | None
+    exit_code: int | None
+    exit_signal: int | None
+    exit_reason: str | None
+    progress: dict[str, Any] | None
+    metrics: dict[str, Any] | None
+    result: dict[str, Any] | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> "WorkerRun":
+        m = row._mapping
+        return cls(**{f.name: m[f.name] for f in fields(cls)})
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-safe dict (uuids and datetimes as strings)."""
+        out = asdict(self)
+        for key, value in out.items():
+            if isinstance(value, uuid.UUID):
+                out[key] = str(value)
+            elif isinstance(value, datetime):
+                out[key] = value.isoformat()
+        return out
+
+
+RUN_COLUMNS = ", ".join(f.name for f in fields(WorkerRun))
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    """What one batched heartbeat learned.
+
+    ``held`` maps every run this runner still holds to its ``cancel_requested_at`` (None when no
+    cancellation was asked). A run the caller believed it held but that is absent here has been lost.
+    """
+
+    registry_renewed: bool
+    held: dict[uuid.UUID, datetime | None]
+    drain_requested_at: datetime | None
+    db_now: datetime
+    lease_expires_at: datetime
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+
+def validate_worker_name(worker_name: Any) -> str:
+    if not isinstance(worker_name, str) or not worker_name.strip():
+        raise InvalidRunRequest("worker_name", "must be a non-empty string")
+    if len(worker_name) > WORKER_NAME_MAX:
+        raise InvalidRunRequest("worker_name", f"must be at most {WORKER_NAME_MAX} characters")
+    return worker_name
+
+
+def validate_request(request: Any) -> dict[str, Any]:
+    """The request's shape (the catalogue validates engines, presets and options against the worker)."""
+    if not isinstance(request, Mapping):
+        raise InvalidRunRequest("request", f"must be an object, not {type(request).__name__}")
+    unknown = sorted(set(request) - set(REQUEST_KEYS))
+    if unknown:
+        raise InvalidRunRequest(unknown[0], f"is not a request field (expected one of {', '.join(REQUEST_KEYS)})")
+    clean = dict(request)
+    for key in ("engine_name", "preset"):
+        if clean.get(key) is not None and not (isinstance(clean[key], str) and clean[key].strip()):
+            raise InvalidRunRequest(key, "must be a non-empty string or null")
+    size = clean.get("db_batch_size")
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise InvalidRunRequest("db_batch_size", "must be an integer")
+        if not BATCH_SIZE_MIN <= size <= BATCH_SIZE_MAX:
+            raise InvalidRunRequest(
+                "db_batch_size", f"must be between {BATCH_SIZE_MIN} and {BATCH_SIZE_MAX}, got {size}"
+            )
+    for key in ("options", "engine_options"):
+        if clean.get(key) is not None and not isinstance(clean[key], Mapping):
+            raise InvalidRunRequest(key, "must be an object")
+    try:
+        json.dumps(clean)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRunRequest("request", f"must be JSON-serialisable ({exc})") from None
+    return clean
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, default=str)
+
+
+# --- enqueue -------------------------------------------------------------------------------------
+
+_ENQUEUE = text(
+    f"""
+    INSERT INTO archive_worker_runs
+        (worker_name, status, trigger, requested_by, requested_by_user_id, request,
+         attempt, retry_of, not_before, schedule_id)
+    VALUES
+        (:worker_name, 'QUEUED', CAST(:trigger AS worker_run_trigger), :requested_by, :requested_by_user_id,
+         CAST(:request AS jsonb), :attempt, :retry_of,
+         CASE WHEN :delay_seconds IS NULL THEN NULL
+              ELSE now() + make_interval(secs => CAST(:delay_seconds AS double precision)) END,
+         :schedule_id)
+    RETURNING {RUN_COLUMNS}
+    """
+).bindparams(bindparam("retry_of", type_=UUID(as_uuid=True)))
+
+
+def enqueue(
+    engine: Engine,
+    worker_name: str,
+    request: Mapping[str, Any],
+    *,
+    trigger: str = "API",
+    requested_by: str | None = None,
+    requested_by_user_id: int | None = None,
+    attempt: int = 1,
+    retry_of: uuid.UUID | None = None,
+    not_before_delay_s: float | None = None,
+    schedule_id: int | None = None,
+) -> WorkerRun:
+    """Write a QUEUED row in its own committed transaction, so it is durable before anyone sees it.
+
+    ``not_before_delay_s`` is a delay from the database's now(), never a client timestamp.
+    Raises ``WorkerRunAlreadyActive`` (carrying the active run) when the worker's slot is taken.
+    """
+    validate_worker_name(worker_name)
+    clean = validate_request(request)
+    if trigger not in RUN_TRIGGERS:
+        raise InvalidRunRequest("trigger", f"must be one of {', '.join(RUN_TRIGGERS)}")
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise InvalidRunRequest("attempt", "must be a positive integer")
+    params = {
+        "worker_name": worker_name,
+        "trigger": trigger,
+        "requested_by": requested_by,
+        "requested_by_user_id": requested_by_user_id,
+        "request": json.dumps(clean),
+        "attempt": attempt,
+        "retry_of": retry_of,
+        "delay_seconds": not_before_delay_s,
+        "schedule_id": schedule_id,
+    }
+    try:
+        with engine.begin() as conn:
+            row = conn.execute(_ENQUEUE, params).one()
+    except IntegrityError as exc:
+        if isinstance(exc.orig, UniqueViolation) and "uq_worker_run_active" in str(exc.orig):
+            raise WorkerRunAlreadyActive(worker_name, active_run(engine, worker_name)) from None
+        raise
+    return WorkerRun.from_row(row)
+
+
+# --- claim ---------------------------------------------------------------------------------------
+
+_CLAIM_NEXT = text(
+    f"""
+    UPDATE archive_worker_runs
+       SET status = 'RUNNING',
+           runner_id = :runner_id,
+           started_at = now(),
+           heartbeat_at = now(),
+           lease_expires_at = now() + make_interval(secs => :lease_seconds)
+     WHERE id = (
+            SELECT id FROM archive_worker_runs
+             WHERE status = 'QUEUED'
+               AND worker_name = ANY(:capabilities)
+               AND (not_before IS NULL OR not_before <= now())
+             ORDER BY queued_at, id
+             LIMIT 1
+               FOR UPDATE SKIP LOCKED)
+       AND status = 'QUEUED'
+    RETURNING {RUN_COLUMNS}
+    """
+).bindparams(
+    bindparam("runner_id", type_=UUID(as_uuid=True)),
+    bindparam("capabilities", type_=ARRAY(Text)),
+)
+
+
+def claim_next(
+    engine: Engine, runner_id: uuid.UUID, capabilities: Iterable[str], lease_seconds: float
+) -> WorkerRun | None:
+    """Claim the oldest eligible QUEUED row this runner can run, or None. Safe under contention."""
+    caps = list(capabilities)
+    if not caps:
+        return None
+    with engine.begin() as conn:
+        row = conn.execute(
+            _CLAIM_NEXT,
+            {"runner_id": runner_id, "capabilities": caps, "lease_seconds": float(lease_seconds)},
+        ).one_or_none()
+    return WorkerRun.from_row(row) if row is not None else None
+
+
+# --- the one-shot CLI: a RUNNING row of its own ---------------------------------------------------
+
+_CREATE_RUNNING = text(
+    f"""
+    INSERT INTO archive_worker_runs
+        (worker_name, status, trigger, requested_by, request, runner_id,
+         started_at, heartbeat_at, lease_expires_at)
+    VALUES
+        (:worker_name, 'RUNNING', 'CLI', :requested_by, CAST(:request AS jsonb), :runner_id,
+         now(), now(), now() + make_interval(secs => :lease_seconds))
+    RETURNING {RUN_COLUMNS}
+    """
+).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
+
+
+def create_running(
+    engine: Engine,
+    worker_name: str,
+    request: Mapping[str, Any],
+    *,
+    runner_id: uuid.UUID,
+    lease_seconds: float,
+    requested_by: str | None = None,
+) -> WorkerRun:
+    """The CLI's claim: insert the row already RUNNING under its own runner id and lease (ADR gap 3)."""
+    validate_worker_name(worker_name)
+    clean = validate_request(request)
+    try:
+        with engine.begin() as conn:
+            row = conn.execute(
+                _CREATE_RUNNING,
+                {
+                    "worker_name": worker_name,
+                    "requested_by": requested_by,
+                    "request": json.dumps(clean),
+                    "runner_id": runner_id,
+                    "lease_seconds": float(lease_seconds),
+                },
+            ).one()
+    except IntegrityError as exc:
+        if isinstance(exc.orig, UniqueViolation) and "uq_worker_run_active" in str(exc.orig):
+            raise WorkerRunAlreadyActive(worker_name, active_run(engine, worker_name)) from None
+        raise
+    return WorkerRun.from_row(row)
+
+
+# --- record_start --------------------------------------------------------------------------------
+
+_RECORD_START = text(
+    """
+    UPDATE archive_worker_runs
+       SET engine_name = :engine_name,
+           preset = :preset,
+           config = CAST(:config AS jsonb),
+           options = CAST(:options AS jsonb)
+     WHERE run_id = :run_id AND runner_id = :runner_id AND status = 'RUNNING'
+    """
+).bindparams(bindparam("run_id", type_=UUID(as_uuid=True)), bindparam("runner_id", type_=UUID(as_uuid=True)))
+
+
+def record_start(
+    engine: Engine,
+    run_id: uuid.UUID,
+    runner_id: uuid.UUID,
+    *,
+    engine_name: str | None,
+    preset: str | None,
+    config: Mapping[str, Any] | None,
+    options: Mapping[str, Any] | None,
+) -> bool:
+    """Write what actually runs (re-resolved at claim: the truth, next to the request's promise).
+
+    Returns False when the row is not this runner's RUNNING row any more (the run was lost).
+    """
+    with engine.begin() as conn:
+        result = conn.execute(
+            _RECORD_START,
+            {
+                "run_id": run_id,
+                "runner_id": runner_id,
+                "engine_name": engine_name,
+                "preset": preset,
+                "config": _json(config),
+                "options": _json(options),
+            },
+        )
+    return result.rowcount == 1
+
+
+# --- heartbeat -----------------------------------------------------------------------------------
+
+_HEARTBEAT = text(
+    """
+    WITH registry AS (
+        UPDATE archive_worker_runners
+           SET last_heartbeat_at = now(),
+               children = COALESCE(CAST(:children AS jsonb), children)
+         WHERE runner_id = :runner_id
+        RETURNING drain_requested_at
+    ), runs AS (
+        UPDATE archive_worker_runs AS r
+           SET heartbeat_at = now(),
+               lease_expires_at = now() + make_interval(secs => :lease_seconds),
+               progress = COALESCE(CAST(:progress AS jsonb) -> r.run_id::text, r.progress)
+         WHERE r.runner_id = :runner_id AND r.status = 'RUNNING'
+        RETURNING r.run_id, r.cancel_requested_at
+    )
+    SELECT (SELECT count(*) FROM registry) AS registry_renewed,
+           (SELECT drain_requested_at FROM registry) AS drain_requested_at,
+           now() AS db_now,
+           now() + make_interval(secs => :lease_seconds) AS lease_expires_at,
+           runs.run_id,
+           runs.cancel_requested_at
+      FROM (SELECT 1) AS one
+      LEFT JOIN runs ON true
+    """
+).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
+
+
+def heartbeat(
+    engine: Engine,
+    runner_id: uuid.UUID,
+    lease_seconds: float,
+    *,
+    progress: Mapping[uuid.UUID | str, Mapping[str, Any]] | None = None,
+    children: list[Mapping[str, Any]] | None = None,
+) -> HeartbeatResult:
+    """Renew the registry row and every RUNNING row of this runner in one statement.
+
+    ``progress`` maps run ids to their latest progress; ``children`` is the registry's snapshot.
+    The cost is one statement per tick whatever the concurrency.
+    """
+    params = {
+        "runner_id": runner_id,
+        "lease_seconds": float(lease_seconds),
+        "progress": _json({str(k): v for k, v in (progress or {}).items()}),
+        "children": _json(children),
+    }
+    with engine.begin() as conn:
+        rows = conn.execute(_HEARTBEAT, params).all()
+    first = rows[0]
+    held = {row.run_id: row.cancel_requested_at for row in rows if row.run_id is not None}
+    return HeartbeatResult(
+        registry_renewed=bool(first.registry_renewed),
+        held=held,
+        drain_requested_at=first.drain_requested_at,
+        db_now=first.db_now,
+        lease_expires_at=first.lease_expires_at,
+    )
+
+
+# --- finish --------------------------------------------------------------------------------------
+
+_FINISH = text(
+    f"""
+    UPDATE archive_worker_runs
+       SET status = CAST(:status AS worker_run_status),
+           finished_at = now(),
+           duration_ms = GREATEST(0, (extract(epoch FROM now() - started_at) * 1000))::bigint,
+           error = left(:error, {ERROR_MAX}),
+           exit_code = :exit_code,
+           exit_signal = :exit_signal,
+           exit_reason = :exit_reason,
+           progress = COALESCE(CAST(:progress AS jsonb), progress),
+           metrics = COALESCE(CAST(:metrics AS jsonb), metrics),
+           result = COALESCE(CAST(:result AS jsonb), result)
+     WHERE run_id = :run_id AND runner_id = :runner_id AND status = 'RUNNING'
+    RETURNING {RUN_COLUMNS}
+    """
+).bindparams(bindparam("run_id", type_=UUID(as_uuid=True)), bindparam("runner_id", type_=UUID(as_uuid=True)))
+
+
+def finish(
+    engine: Engine,
+    run_id: uuid.UUID,
+    runner_id: uuid.UUID,
+    status: str,
+    *,
+    error: str | None = None,
+    exit_code: int | None = None,
+    exit_signal: int | None = None,
+    exit_reason: str | None = None,
+    progress: Mapping[str, Any] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    result: Mapping[str, Any] | None = None,
+) -> WorkerRun | None:
+    """Close this runner's RUNNING row. None means the row was lost: write nothing more for it."""
+    if status not in TERMINAL_STATUSES:
+        raise ValueError(f"finish needs a terminal status, not {status!r}")
+    if exit_reason is not None and exit_reason not in EXIT_REASONS:
+        raise ValueError(f"unknown exit_reason {exit_reason!r}")
+    with engine.begin() as conn:
+        row = conn.execute(
+            _FINISH,
+            {
+                "run_id": run_id,
+                "runner_id": runner_id,
+                "status": status,
+                "error": error,
+                "exit_code": exit_code,
+                "exit_signal": exit_signal,
+                "exit_reason": exit_reason,
+                "progress": _json(progress),
+                "metrics": _json(metrics),
+                "result": _json(result),
+            },
+        ).one_or_none()
+    return WorkerRun.from_row(row) if row is not None else None
+
+
+# --- expire_leases -------------------------------------------------------------------------------
+
+_EXPIRE_LEASES = text(
+    f"""
+    UPDATE archive_worker_runs
+       SET status = 'INTERRUPTED',
+           finished_at = now(),
+           duration_ms = GREATEST(0, (extract(epoch FROM now() - started_at) * 1000))::bigint,
+           exit_reason = 'lease-lost',
+           error = 'LeaseExpired: the runner stopped renewing its lease (last heartbeat '
+                   || to_char(heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ')'
+     WHERE status = 'RUNNING' AND lease_expires_at < now()
+    RETURNING {RUN_COLUMNS}
+    """
+)
+
+
+def expire_leases(engine: Engine) -> list[WorkerRun]:
+    """Mark every RUNNING row whose lease has passed INTERRUPTED, whoever held it."""
+    with engine.begin() as conn:
+        return [WorkerRun.from_row(r) for r in conn.execute(_EXPIRE_LEASES).all()]
+
+
+# --- request_cancel ------------------------------------------------------------------------------
+
+_REQUEST_CANCEL = text(
+    f"""
+    UPDATE archive_worker_runs
+       SET cancel_requested_at = COALESCE(cancel_requested_at, now()),
+           cancel_requested_by = COALESCE(cancel_requested_by, :requested_by),
+           status = CASE WHEN status = 'QUEUED' THEN 'CANCELLED'::worker_run_status ELSE status END,
+           finished_at = CASE WHEN status = 'QUEUED' THEN now() ELSE finished_at END,
+           duration_ms = CASE WHEN status = 'QUEUED' THEN 0 ELSE duration_ms END,
+           exit_reason = CASE WHEN status = 'QUEUED' THEN 'cancelled' ELSE exit_reason END
+     WHERE run_id = :run_id AND status IN ('QUEUED', 'RUNNING')
+    RETURNING {RUN_COLUMNS}
+    """
+).bindparams(bindparam("run_id", type_=UUID(as_uuid=True)))
+
+
+def request_cancel(engine: Engine, run_id: uuid.UUID, requested_by: str | None = None) -> WorkerRun:
+    """An unclaimed QUEUED run closes CANCELLED at once; a RUNNING one gets ``cancel_requested_at``.
+
+    A claim racing with this statement is safe: whichever commits first, the other re-reads the row,
+    so a just-claimed run gets the flag instead of being closed under its runner.
+    Raises ``RunNotFound`` or ``RunAlreadyFinished``.
+    """
+    with engine.begin() as conn:
+        row = conn.execute(_REQUEST_CANCEL, {"run_id": run_id, "requested_by": requested_by}).one_or_none()
+    if row is not None:
+        return WorkerRun.from_row(row)
+    existing = get_run(engine, run_id)
+    if existing is None:
+        raise RunNotFound(run_id)
+    raise RunAlreadyFinished(existing)
+
+
+# --- reads ---------------------------------------------------------------------------------------
+
+_GET_RUN = text(f"SELECT {RUN_COLUMNS} FROM archive_worker_runs WHERE run_id = :run_id").bindparams(
+    bindparam("run_id", type_=UUID(as_uuid=True))
+)
+
+_ACTIVE_RUN = text(
+    f"SELECT {RUN_COLUMNS} FROM archive_worker_runs "
+    "WHERE worker_name = :worker_name AND status IN ('QUEUED', 'RUNNING')"
+)
+
+# One index probe per worker (uq_worker_run_active for the active one, ix_worker_runs_worker_id for
+# the last finished one), so the panel's cost does not grow with history.
+_ACTIVE_AND_LAST = text(
+    f"""
+    SELECT w.worker_name,
+           (SELECT to_jsonb(a) FROM archive_worker_runs a
+             WHERE a.worker_name = w.worker_name AND a.status IN ('QUEUED', 'RUNNING')) AS active,
+           (SELECT to_jsonb(l) FROM archive_worker_runs l
+             WHERE l.worker_name = w.worker_name
+               AND l.status IN ('SUCCESS', 'FAILED', 'INTERRUPTED', 'CANCELLED')
+             ORDER BY l.id DESC LIMIT 1) AS last
+      FROM unnest(CAST(:workers AS text[])) AS w(worker_name)
+    """
+)
+
+
+def get_run(engine: Engine, run_id: uuid.UUID) -> WorkerRun | None:
+    with engine.connect() as conn:
+        row = conn.execute(_GET_RUN, {"run_id": run_id}).one_or_none()
+    return WorkerRun.from_row(row) if row is not None else None
+
+
+def active_run(engine: Engine, worker_name: str) -> WorkerRun | None:
+    with engine.connect() as conn:
+        row = conn.execute(_ACTIVE_RUN, {"worker_name": worker_name}).one_or_none()
+    return WorkerRun.from_row(row) if row is not None else None
+
+
+def active_and_last_runs(
+    engine: Engine, worker_names: Iterable[str]
+) -> dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]]:
+    """For each worker: (active run, last terminal run) as JSON dicts, in one statement."""
+    with engine.connect() as conn:
+        rows = conn.execute(_ACTIVE_AND_LAST, {"workers": list(worker_names)}).all()
+    return {r.worker_name: (r.active, r.last) for r in rows}

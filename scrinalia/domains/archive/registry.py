@@ -1,0 +1,144 @@
+"""The runner registry (``archive_worker_runners``): who is online, what can it run, who claimed what.
+
+A runner registers once at start, is renewed inside the ledger's batched heartbeat (one statement for
+its row and all its runs), and marks itself stopped when it exits. Online/stale is decided with the
+database clock against the runner's own lease.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy.types import Text
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerRegistration:
+    """What a runner says about itself at start. It holds no secret (no URL, no password)."""
+
+    runner_id: uuid.UUID
+    name: str
+    hostname: str
+    pid: int
+    package_version: str
+    schema_revision: str | None
+    capabilities: list[str]
+    concurrency: int
+    heartbeat_seconds: float
+    lease_seconds: float
+    poll_seconds: float | None = None
+    kind: str = "daemon"
+    devices: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerRow:
+    runner_id: uuid.UUID
+    name: str
+    kind: str
+    hostname: str
+    pid: int
+    package_version: str
+    schema_revision: str | None
+    capabilities: list[str]
+    concurrency: int
+    heartbeat_seconds: float
+    lease_seconds: float
+    poll_seconds: float | None
+    devices: list[dict[str, Any]]
+    children: list[dict[str, Any]]
+    started_at: datetime
+    last_heartbeat_at: datetime
+    stopped_at: datetime | None
+    drain_requested_at: datetime | None
+    drain_requested_by: str | None
+    state: str  # online | stale | stopped
+
+
+_REGISTER = text(
+    """
+    INSERT INTO archive_worker_runners
+        (runner_id, name, kind, hostname, pid, package_version, schema_revision, capabilities,
+         concurrency, heartbeat_seconds, lease_seconds, poll_seconds, devices, children,
+         started_at, last_heartbeat_at)
+    VALUES
+        (:runner_id, :name, :kind, :hostname, :pid, :package_version, :schema_revision, :capabilities,
+         :concurrency, :heartbeat_seconds, :lease_seconds, :poll_seconds, CAST(:devices AS jsonb), '[]',
+         now(), now())
+    """
+).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)), bindparam("capabilities", type_=ARRAY(Text)))
+
+_STOP = text(
+    """
+    UPDATE archive_worker_runners SET stopped_at = now(), children = '[]'
+     WHERE runner_id = :runner_id AND stopped_at IS NULL
+    """
+).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
+
+_REQUEST_DRAIN = text(
+    """
+    UPDATE archive_worker_runners
+       SET drain_requested_at = COALESCE(drain_requested_at, now()),
+           drain_requested_by = COALESCE(drain_requested_by, :requested_by)
+     WHERE runner_id = :runner_id AND stopped_at IS NULL
+    RETURNING runner_id
+    """
+).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
+
+# A runner is online while its last heartbeat is younger than its lease, by the database's clock.
+_STATE = """
+    CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
+         WHEN last_heartbeat_at + make_interval(secs => lease_seconds) >= now() THEN 'online'
+         ELSE 'stale' END AS state
+"""
+
+_COLUMNS = ", ".join(f.name for f in fields(RunnerRow) if f.name != "state")
+
+_LIST = text(
+    f"""
+    SELECT {_COLUMNS}, {_STATE}
+      FROM archive_worker_runners
+     WHERE stopped_at IS NULL OR stopped_at > now() - make_interval(hours => :stopped_within_hours)
+     ORDER BY stopped_at IS NOT NULL, name, started_at DESC
+     LIMIT :limit
+    """
+)
+
+_GET = text(f"SELECT {_COLUMNS}, {_STATE} FROM archive_worker_runners WHERE runner_id = :runner_id").bindparams(
+    bindparam("runner_id", type_=UUID(as_uuid=True))
+)
+
+
+def register(engine: Engine, registration: RunnerRegistration) -> None:
+    params = {f.name: getattr(registration, f.name) for f in fields(RunnerRegistration)}
+    params["devices"] = json.dumps(registration.devices)
+    with engine.begin() as conn:
+        conn.execute(_REGISTER, params)
+
+
+def stop(engine: Engine, runner_id: uuid.UUID) -> bool:
+    with engine.begin() as conn:
+        return conn.execute(_STOP, {"runner_id": runner_id}).rowcount == 1
+
+
+def request_drain(engine: Engine, runner_id: uuid.UUID, requested_by: str | None = None) -> bool:
+    """Ask a runner to drain; it learns it from its next heartbeat. False for an unknown/stopped one."""
+    with engine.begin() as conn:
+        return conn.execute(_REQUEST_DRAIN, {"runner_id": runner_id, "requested_by": requested_by}).first() is not None
+
+
+def list_runners(engine: Engine, *, stopped_within_hours: int = 24, limit: int = 500) -> list[RunnerRow]:
+    with engine.connect() as conn:
+        rows = conn.execute(_LIST, {"stopped_within_hours": stopped_within_hours, "limit": limit}).all()
+    return [RunnerRow(**r._mapping) for r in rows]
+
+
+def get_runner(engine: Engine, runner_id: uuid.UUID) -> RunnerRow | None:
+    with engine.connect() as conn:
+        row = conn.execute(_GET, {"runner_id": runner_id}).one_or_none()
+    return RunnerRow(**row._mapping) if row is not None else None

@@ -1,0 +1,119 @@
+"""The test harness: a real PostgreSQL for the session, a fresh migrated database for each test.
+
+Where PostgreSQL comes from, in order:
+  1. ``TEST_DATABASE_URL`` (a role that may CREATE DATABASE);
+  2. testcontainers' PostgreSQL, when a Docker engine answers;
+  3. a throwaway cluster made with the installed binaries (``scrinalia.db.local_cluster``), removed
+     at the end of the session.
+
+The schema is migrated once into a template database; every test gets its own copy
+(``CREATE DATABASE ... TEMPLATE``), so tests are isolated even when they start real processes.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+
+from scrinalia.db import migrate
+from scrinalia.db.engine import create_engine_from_url
+
+
+def _docker_engine_answers() -> bool:
+    try:
+        import docker  # type: ignore[import-not-found]
+
+        client = docker.from_env(timeout=3)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+def _with_database(url: str, database: str) -> str:
+    return make_url(url).set(database=database).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url() -> Iterator[str]:
+    """A URL to a maintenance database of a server on which tests may create databases."""
+    env_url = os.environ.get("TEST_DATABASE_URL")
+    if env_url:
+        yield env_url
+        return
+    if _docker_engine_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:15", driver=None) as container:
+            yield container.get_connection_url()
+        return
+    from scrinalia.db.local_cluster import LocalCluster
+
+    root = Path(tempfile.mkdtemp(prefix="scrinalia-pg-"))
+    cluster = LocalCluster.create(root)
+    cluster.start(fsync=False, max_connections=300)
+    try:
+        yield cluster.url("postgres")
+    finally:
+        cluster.destroy()
+
+
+def _admin_engine(admin_url: str) -> Engine:
+    return create_engine(
+        make_url(admin_url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT", poolclass=None
+    )
+
+
+@pytest.fixture(scope="session")
+def admin_engine(pg_admin_url: str) -> Iterator[Engine]:
+    engine = _admin_engine(pg_admin_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def template_database(pg_admin_url: str, admin_engine: Engine) -> Iterator[str]:
+    """A database migrated to head once per session; each test copies it."""
+    name = f"scrinalia_tmpl_{uuid.uuid4().hex[:8]}"
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    migrate.upgrade(_with_database(pg_admin_url, name))
+    yield name
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def _fresh_database(pg_admin_url: str, admin_engine: Engine, template: str | None) -> Iterator[str]:
+    name = f"scrinalia_t_{uuid.uuid4().hex[:12]}"
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")))
+    try:
+        yield _with_database(pg_admin_url, name)
+    finally:
+        with admin_engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def database_url(pg_admin_url: str, admin_engine: Engine, template_database: str) -> Iterator[str]:
+    """A fresh database at the migrations' head, for this test only."""
+    yield from _fresh_database(pg_admin_url, admin_engine, template_database)
+
+
+@pytest.fixture
+def empty_database_url(pg_admin_url: str, admin_engine: Engine) -> Iterator[str]:
+    """A fresh empty database (no migrations), for migration tests."""
+    yield from _fresh_database(pg_admin_url, admin_engine, None)
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    eng = create_engine_from_url(database_url, pool_size=5, max_overflow=20)
+    yield eng
+    eng.dispose()
