@@ -7,7 +7,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: dev test install bench clean browser
+.PHONY: dev test install bench clean system-deps
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,17 +18,28 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 
 install: $(STAMP)
 
-browser:
-	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || echo "chromium could not be installed: browser tests will fail"
+# Debian packages the tests drive: PostgreSQL's server binaries (the throwaway test cluster), chromium
+# (the panel's browser tests) and libfaketime (the wrong-clock test). Installed only when missing.
+system-deps:
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	elif [ -n "$$missing" ]; then \
+	  echo "missing Debian packages:$$missing (install them as root)"; \
+	fi
 
-test: install browser
+test: install system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 dev: install
 	$(VENV)/bin/scrinalia dev
 
 bench: install
-	$(PY) bench/run_all.py
+	for script in bench/bench_*.py; do $(PY) $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) .scrinalia .pytest_cache

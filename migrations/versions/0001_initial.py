@@ -220,7 +220,7 @@ CREATE TABLE archive_document_embeddings (
 	document_id BIGINT NOT NULL,
 	model TEXT NOT NULL,
 	dimensions INTEGER NOT NULL,
-	vector FLOAT(24)[] NOT NULL,
+	vector REAL[] NOT NULL,
 	text_md5 TEXT NOT NULL,
 	run_id UUID,
 	updated_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,
@@ -325,6 +325,12 @@ CREATE INDEX ix_worker_runs_runner ON archive_worker_runs (runner_id) WHERE stat
 
 CREATE INDEX ix_worker_runs_worker_id ON archive_worker_runs (worker_name, id DESC);
 
+CREATE INDEX ix_worker_runs_status_id ON archive_worker_runs (status, id DESC);
+
+CREATE INDEX ix_worker_runs_fingerprint_id ON archive_worker_runs (error_fingerprint, id DESC) WHERE error_fingerprint IS NOT NULL;
+
+CREATE INDEX ix_worker_runs_failures ON archive_worker_runs (finished_at) WHERE error_fingerprint IS NOT NULL;
+
 CREATE UNIQUE INDEX uq_worker_run_active ON archive_worker_runs (worker_name) WHERE status IN ('QUEUED', 'RUNNING');
 
 CREATE TABLE auth_sessions (
@@ -347,22 +353,97 @@ CREATE INDEX ix_auth_sessions_user ON auth_sessions (user_id);
 """
 
 
+# The per-worker unit counts of the panel (processed / failed / pending) are kept by the database
+# itself: statement-level triggers with transition tables add each statement's delta of execution_log
+# stamps to archive_stamp_counts, so GET /system/workers reads a handful of rows instead of scanning
+# every document (the original system's two-second pending counter). The row with stamp_key = ''
+# counts the documents. Rows are written in key order, so concurrent statements cannot deadlock.
+STAMP_COUNTS = r"""
+CREATE TABLE archive_stamp_counts (
+	stamp_key TEXT NOT NULL,
+	stamp TEXT NOT NULL,
+	status TEXT NOT NULL,
+	n BIGINT DEFAULT 0 NOT NULL,
+	PRIMARY KEY (stamp_key, stamp, status)
+);
+
+CREATE FUNCTION archive_stamp_counts_apply() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $fn$
+BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    DELETE FROM archive_stamp_counts;
+  ELSIF TG_OP = 'INSERT' THEN
+    INSERT INTO archive_stamp_counts AS c (stamp_key, stamp, status, n)
+    SELECT k, s, st, sum(d) FROM (
+      SELECT '', '', '', count(*) FROM new_rows
+      UNION ALL
+      SELECT e.key, COALESCE(e.value->>'stamp', ''), COALESCE(e.value->>'status', ''), 1
+        FROM new_rows, jsonb_each(CASE WHEN jsonb_typeof(new_rows.execution_log) = 'object'
+                                    THEN new_rows.execution_log ELSE '{}'::jsonb END) e
+    ) AS delta(k, s, st, d)
+    GROUP BY k, s, st HAVING sum(d) <> 0
+    ORDER BY k, s, st
+    ON CONFLICT (stamp_key, stamp, status) DO UPDATE SET n = c.n + EXCLUDED.n;
+  ELSIF TG_OP = 'DELETE' THEN
+    INSERT INTO archive_stamp_counts AS c (stamp_key, stamp, status, n)
+    SELECT k, s, st, sum(d) FROM (
+      SELECT '', '', '', -count(*) FROM old_rows
+      UNION ALL
+      SELECT e.key, COALESCE(e.value->>'stamp', ''), COALESCE(e.value->>'status', ''), -1
+        FROM old_rows, jsonb_each(CASE WHEN jsonb_typeof(old_rows.execution_log) = 'object'
+                                    THEN old_rows.execution_log ELSE '{}'::jsonb END) e
+    ) AS delta(k, s, st, d)
+    GROUP BY k, s, st HAVING sum(d) <> 0
+    ORDER BY k, s, st
+    ON CONFLICT (stamp_key, stamp, status) DO UPDATE SET n = c.n + EXCLUDED.n;
+  ELSE
+    INSERT INTO archive_stamp_counts AS c (stamp_key, stamp, status, n)
+    SELECT k, s, st, sum(d) FROM (
+      SELECT e.key, COALESCE(e.value->>'stamp', ''), COALESCE(e.value->>'status', ''), 1
+        FROM new_rows, jsonb_each(CASE WHEN jsonb_typeof(new_rows.execution_log) = 'object'
+                                    THEN new_rows.execution_log ELSE '{}'::jsonb END) e
+      UNION ALL
+      SELECT e.key, COALESCE(e.value->>'stamp', ''), COALESCE(e.value->>'status', ''), -1
+        FROM old_rows, jsonb_each(CASE WHEN jsonb_typeof(old_rows.execution_log) = 'object'
+                                    THEN old_rows.execution_log ELSE '{}'::jsonb END) e
+    ) AS delta(k, s, st, d)
+    GROUP BY k, s, st HAVING sum(d) <> 0
+    ORDER BY k, s, st
+    ON CONFLICT (stamp_key, stamp, status) DO UPDATE SET n = c.n + EXCLUDED.n;
+  END IF;
+  RETURN NULL;
+END
+$fn$;
+
+CREATE TRIGGER trg_archive_stamp_counts_insert AFTER INSERT ON archive_documents
+  REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION archive_stamp_counts_apply();
+CREATE TRIGGER trg_archive_stamp_counts_update AFTER UPDATE ON archive_documents
+  REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION archive_stamp_counts_apply();
+CREATE TRIGGER trg_archive_stamp_counts_delete AFTER DELETE ON archive_documents
+  REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION archive_stamp_counts_apply();
+CREATE TRIGGER trg_archive_stamp_counts_truncate AFTER TRUNCATE ON archive_documents
+  FOR EACH STATEMENT EXECUTE FUNCTION archive_stamp_counts_apply();
+"""
+
+
 def upgrade() -> None:
     op.execute(ENUMS)
     op.execute(FINGERPRINT_FUNCTION)
     op.execute(TABLES)
+    op.execute(STAMP_COUNTS)
 
 
 def downgrade() -> None:
     op.execute(
         """
-        DROP TABLE IF EXISTS archive_review_queue, archive_cleaning_rules, archive_document_typologies,
+        DROP TABLE IF EXISTS archive_stamp_counts, archive_review_queue, archive_cleaning_rules, archive_document_typologies,
             archive_typologies, archive_entity_exclusions, archive_entity_stopwords,
             archive_document_entities, archive_entities, archive_document_embeddings,
             archive_documents, archive_worker_runs, archive_worker_setting_revisions,
             archive_worker_settings, archive_worker_schedules, archive_worker_runners,
             auth_sessions, auth_users;
         DROP FUNCTION IF EXISTS archive_error_fingerprint(text);
+        DROP FUNCTION IF EXISTS archive_stamp_counts_apply();
         DROP TYPE IF EXISTS cleaning_rule_kind, document_status, user_role, worker_run_trigger,
             worker_run_status;
         """

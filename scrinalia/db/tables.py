@@ -20,6 +20,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    REAL,
     MetaData,
     String,
     Table,
@@ -238,6 +239,12 @@ archive_worker_runs = Table(
     Index("ix_worker_runs_fingerprint", "error_fingerprint", "finished_at",
           postgresql_where=text("error_fingerprint IS NOT NULL")),
     Index("ix_worker_runs_retry_of", "retry_of", postgresql_where=text("retry_of IS NOT NULL")),
+    # The runs list filtered by status or fingerprint, keyset-paginated on id (GET /system/runs).
+    Index("ix_worker_runs_status_id", "status", text("id DESC")),
+    Index("ix_worker_runs_fingerprint_id", "error_fingerprint", text("id DESC"),
+          postgresql_where=text("error_fingerprint IS NOT NULL")),
+    # The failures screen: errors of the last N days (GET /system/failures).
+    Index("ix_worker_runs_failures", "finished_at", postgresql_where=text("error_fingerprint IS NOT NULL")),
 )
 
 # --- the archive -----------------------------------------------------------------------------------
@@ -275,7 +282,7 @@ archive_document_embeddings = Table(
            primary_key=True),
     Column("model", Text, nullable=False),
     Column("dimensions", Integer, nullable=False),
-    Column("vector", ARRAY(Float(precision=24)), nullable=False),
+    Column("vector", ARRAY(REAL), nullable=False),
     Column("text_md5", Text, nullable=False),
     Column("run_id", UUID(as_uuid=True)),
     Column("updated_at", TS, nullable=False, server_default=func.now()),
@@ -377,4 +384,16 @@ archive_review_queue = Table(
     Column("resolved_by", Text),
     Index("uq_review_open_per_document", "document_id", unique=True,
           postgresql_where=text("resolved_at IS NULL")),
+)
+
+# Per-worker unit counts, kept by statement-level triggers on archive_documents (see the migration):
+# one row per (execution_log key, stamp, status) with its number of documents; stamp_key '' counts
+# the documents themselves. GET /system/workers reads it instead of scanning the archive.
+archive_stamp_counts = Table(
+    "archive_stamp_counts",
+    metadata,
+    Column("stamp_key", Text, primary_key=True),
+    Column("stamp", Text, primary_key=True),
+    Column("status", Text, primary_key=True),
+    Column("n", BigInteger, nullable=False, server_default=text("0")),
 )

@@ -171,8 +171,7 @@ _ENQUEUE = text(
     VALUES
         (:worker_name, 'QUEUED', CAST(:trigger AS worker_run_trigger), :requested_by, :requested_by_user_id,
          CAST(:request AS jsonb), :attempt, :retry_of,
-         CASE WHEN :delay_seconds IS NULL THEN NULL
-              ELSE now() + make_interval(secs => CAST(:delay_seconds AS double precision)) END,
+         now() + make_interval(secs => CAST(:delay_seconds AS double precision)),
          :schedule_id)
     RETURNING {RUN_COLUMNS}
     """

@@ -4,17 +4,26 @@ Contract between the runner (``runner/``) and the catalogue (``scrinalia.domains
 
 * the runner finds workers through the plugin registry (``plugins.load_catalogue``: the entry-point
   group ``scrinalia.workers``, each entry point naming a ``WorkerSpec``);
-* at claim the child re-resolves the request with ``spec.resolve(...)`` (explicit > persisted settings >
-  signature default) and the parent's ledger ``record_start`` writes what it returns;
-* the child builds a ``RunContext`` and calls ``spec.run(ctx)``; the worker's summary (a JSON object)
-  is the run's ``result``. ``RunCancelled`` ends the run CANCELLED, ``LeaseLost`` ends the child with
-  nothing more written, any other exception ends it FAILED.
+* at claim the child re-resolves the request with ``spec.resolve(engine, request)`` (explicit > persisted
+  ``archive_worker_settings`` row > signature default) and the ledger's ``record_start`` writes what it
+  returns (``ResolvedConfig``: engine_name, preset, options, config);
+* the child builds a ``RunContext(run, config, engine, channel)`` and calls ``spec.run(ctx)``; the
+  worker's summary (a JSON object, also kept in ``ctx.result`` after every committed batch) is the run's
+  ``result``. ``RunCancelled`` ends the run CANCELLED (``ctx.result`` holds what was committed),
+  ``LeaseLost`` ends the child with nothing more written, any other exception ends it FAILED.
 
 A worker never writes to the archive outside ``RunContext.commit``: that is the hard fence (the run's
-lease is checked in the same transaction, so no late write lands after the lease is gone).
+lease is checked in the same transaction, so no late write lands after the lease is gone). Its batches
+come from ``RunContext.batches``, which checks cancellation once per batch boundary, so a worker cannot
+forget to.
+
+Nothing in this module imports torch or transformers: the API validates requests with it.
 """
 from __future__ import annotations
 
+import json
+import math
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -23,9 +32,17 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import UUID
 
-from scrinalia.domains.archive.ledger import WorkerRun
+from scrinalia.domains.archive.errors import InvalidRunRequest
+from scrinalia.domains.archive.ledger import BATCH_SIZE_MAX, BATCH_SIZE_MIN, WorkerRun, validate_request
 
 T = TypeVar("T")
+
+#: An option by this name is refused everywhere: ``config`` is the run's describe_config output, written
+#: by the resolver; accepting it as an option would let a request forge what the ledger says ran.
+REFUSED_OPTION_NAMES = frozenset({"config"})
+
+
+# --- errors ----------------------------------------------------------------------------------------
 
 
 class RunCancelled(Exception):
@@ -36,12 +53,195 @@ class LeaseLost(Exception):
     """The run's lease is gone: the batch was rolled back and the child must stop writing."""
 
 
+class WorkerConfigError(InvalidRunRequest):
+    """A request does not fit the worker's signature; ``field`` names the offending part.
+
+    Subclasses ``InvalidRunRequest`` so the API answers it like any other invalid request (422).
+    """
+
+
+class UnknownWorker(WorkerConfigError):
+    def __init__(self, name: str, known: list[str] | None = None) -> None:
+        hint = f" (known: {', '.join(known)})" if known else ""
+        super().__init__("worker_name", f"no worker named {name!r}{hint}")
+
+
+class UnknownEngine(WorkerConfigError):
+    pass
+
+
+class UnknownPreset(WorkerConfigError):
+    pass
+
+
+class UnknownOption(WorkerConfigError):
+    pass
+
+
+class InvalidOption(WorkerConfigError):
+    pass
+
+
+class RefusedOption(WorkerConfigError):
+    pass
+
+
+# --- the channel to the supervisor ------------------------------------------------------------------
+
+
 class ChildChannel(Protocol):
     """How a RunContext talks to whoever supervises the child (the daemon's parent or the one-shot CLI)."""
 
     def send_progress(self, progress: Mapping[str, Any]) -> None: ...
 
     def cancel_requested(self) -> bool: ...
+
+
+class LocalChannel:
+    """A channel for in-process use (scripts, tests): progress is kept, cancellation is a flag."""
+
+    def __init__(self) -> None:
+        self.progress: list[dict[str, Any]] = []
+        self.cancel = False
+
+    def send_progress(self, progress: Mapping[str, Any]) -> None:
+        self.progress.append(dict(progress))
+
+    def cancel_requested(self) -> bool:
+        return self.cancel
+
+
+# --- signatures: options, engines, presets ---------------------------------------------------------
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (float, int),
+    "bool": (bool,),
+    "str": (str,),
+    "path": (str,),
+    "list": (list, tuple),
+    "dict": (dict,),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OptionSpec:
+    """One option of a worker's or an engine's signature: a type, a default and its bounds."""
+
+    type: str  # int | float | bool | str | path | list | dict
+    default: Any = None
+    description: str = ""
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    nullable: bool = False
+
+    def __post_init__(self) -> None:
+        if self.type not in _TYPES:
+            raise ValueError(f"unknown option type {self.type!r}")
+
+    def coerce(self, value: Any, field_name: str) -> Any:
+        """Validate ``value`` (strings from a command line are parsed); raise ``InvalidOption``."""
+        if value is None:
+            if self.nullable or self.default is None:
+                return None
+            raise InvalidOption(field_name, "must not be null")
+        if isinstance(value, str) and self.type in ("int", "float", "bool", "list", "dict"):
+            value = _parse_string(value, self.type, field_name)
+        if self.type in ("int",) and isinstance(value, bool):
+            raise InvalidOption(field_name, "must be an integer, not a boolean")
+        if self.type == "float" and isinstance(value, bool):
+            raise InvalidOption(field_name, "must be a number, not a boolean")
+        if self.type == "int" and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, _TYPES[self.type]):
+            raise InvalidOption(field_name, f"must be of type {self.type}, not {type(value).__name__}")
+        if self.type == "float":
+            value = float(value)
+            if not math.isfinite(value):
+                raise InvalidOption(field_name, "must be a finite number")
+        if self.type == "list":
+            value = list(value)
+        if self.type in ("str", "path") and not value.strip():
+            raise InvalidOption(field_name, "must be a non-empty string")
+        if self.choices is not None and value not in self.choices:
+            raise InvalidOption(field_name, f"must be one of {', '.join(map(str, self.choices))}, got {value!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise InvalidOption(field_name, f"must be >= {self.minimum}, got {value!r}")
+        if self.maximum is not None and value > self.maximum:
+            raise InvalidOption(field_name, f"must be <= {self.maximum}, got {value!r}")
+        return value
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "default": self.default, "description": self.description}
+        if self.choices is not None:
+            out["choices"] = list(self.choices)
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
+        if self.maximum is not None:
+            out["maximum"] = self.maximum
+        return out
+
+
+def _parse_string(value: str, type_: str, field_name: str) -> Any:
+    raw = value.strip()
+    try:
+        if type_ == "int":
+            return int(raw)
+        if type_ == "float":
+            return float(raw)
+        if type_ == "bool":
+            lowered = raw.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        return json.loads(raw)
+    except ValueError:
+        raise InvalidOption(field_name, f"cannot read {value!r} as {type_}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """A named bundle of engine options (for example ``cuda`` = device cuda, dtype float16)."""
+
+    name: str
+    description: str
+    engine_options: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """An engine a worker can use.
+
+    ``describe(options)`` says what would be loaded (model directory, device, dtype...) WITHOUT loading
+    anything heavy: the API calls it to validate and show a request, so it must not import torch.
+    ``load(options)`` loads it (in the runner's child only) and returns the engine object.
+    """
+
+    name: str
+    description: str
+    load: Callable[[dict[str, Any]], Any]
+    describe: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    options: Mapping[str, OptionSpec] = field(default_factory=dict)
+    presets: Mapping[str, Preset] = field(default_factory=dict)
+    default_preset: str | None = None
+    accepts_extra_options: bool = False
+
+    def signature(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "default_preset": self.default_preset,
+            "presets": {p.name: {"description": p.description, "engine_options": dict(p.engine_options)}
+                        for p in self.presets.values()},
+            "options": {k: o.describe() for k, o in self.options.items()},
+            "accepts_extra_options": self.accepts_extra_options,
+        }
+
+
+# --- the resolved configuration -------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +254,94 @@ class ResolvedConfig:
     options: dict[str, Any]
     engine_options: dict[str, Any]
     config: dict[str, Any]  # the engine's describe_config(): what would be loaded, made without loading it
+    sources: dict[str, str] = field(default_factory=dict)  # field -> explicit | persisted | default | rule
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "engine_name": self.engine_name,
+            "preset": self.preset,
+            "db_batch_size": self.db_batch_size,
+            "options": self.options,
+            "engine_options": self.engine_options,
+            "config": self.config,
+            "sources": self.sources,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedSettings:
+    """The ``archive_worker_settings`` row of one worker (all fields optional)."""
+
+    engine_name: str | None = None
+    preset: str | None = None
+    db_batch_size: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    engine_options: Mapping[str, Any] = field(default_factory=dict)
+    revision: int | None = None
+
+
+_SETTINGS = text(
+    """
+    SELECT engine_name, preset, db_batch_size, options, engine_options, revision
+      FROM archive_worker_settings WHERE worker_name = :worker_name
+    """
+)
+
+_LLM_CHECK_RULE = text(
+    """
+    SELECT id, name, engine_name, engine_options, prompt, field, updated_at
+      FROM archive_cleaning_rules WHERE kind = 'LLM_CHECK' AND active
+    """
+)
+
+
+def load_persisted(engine: Engine | None, worker_name: str) -> PersistedSettings:
+    if engine is None:
+        return PersistedSettings()
+    with engine.connect() as conn:
+        row = conn.execute(_SETTINGS, {"worker_name": worker_name}).one_or_none()
+    if row is None:
+        return PersistedSettings()
+    return PersistedSettings(
+        engine_name=row.engine_name,
+        preset=row.preset,
+        db_batch_size=row.db_batch_size,
+        options=dict(row.options or {}),
+        engine_options=dict(row.engine_options or {}),
+        revision=row.revision,
+    )
+
+
+def active_llm_check_rule(engine: Engine) -> dict[str, Any] | None:
+    """The active LLM_CHECK cleaning rule (at most one, by a partial unique index), read now."""
+    with engine.connect() as conn:
+        row = conn.execute(_LLM_CHECK_RULE).one_or_none()
+    if row is None:
+        return None
+    out = dict(row._mapping)
+    out["updated_at"] = out["updated_at"].isoformat()
+    out["engine_options"] = dict(out["engine_options"] or {})
+    return out
+
+
+# --- the worker spec ------------------------------------------------------------------------------
+
+ENGINE_SOURCES = ("none", "settings", "llm_check_rule")
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """A worker's declaration. ``run`` must be a module-level function so a fork server can import it."""
+    """A worker's declaration. ``run`` must be a module-level function so a fork server can import it.
+
+    * ``governed``: the worker changes curated data and never touches HUMAN_APPROVED documents;
+    * ``engine_source``: ``none`` (no model), ``settings`` (request > persisted settings > default engine)
+      or ``llm_check_rule`` (the engine is the active LLM_CHECK cleaning rule's, read at claim);
+    * ``stamp_key``: its key in ``archive_documents.execution_log``;
+    * ``options``: the worker's option signature (name -> OptionSpec);
+    * ``pending``: the SQL condition of a pending unit (``archive.stamps.StampQueue``), the same for the
+      execution and for ``pending_count``;
+    * ``requires``: what it needs to run, e.g. ``("gpu",)``; informative for the panel and the runner.
+    """
 
     name: str
     label: str
@@ -69,24 +352,272 @@ class WorkerSpec:
     engine_source: str = "none"  # "none" | "settings" | "llm_check_rule"
     stamp_key: str | None = None
     default_batch_size: int = 32
-    options: Mapping[str, Any] = field(default_factory=dict)  # name -> OptionSpec (catalogue)
+    options: Mapping[str, OptionSpec] = field(default_factory=dict)  # name -> OptionSpec
     accepts_extra_options: bool = False
-    requires: tuple[str, ...] = ()  # e.g. ("gpu",)
+    requires: tuple[str, ...] = ()
+    engines: Mapping[str, EngineSpec] = field(default_factory=dict)
+    default_engine: str | None = None
+    queue: Any = None  # a StampQueue (scrinalia.domains.archive.stamps) for document workers
     resolver: Callable[..., ResolvedConfig] | None = None
 
-    def resolve(self, engine: Engine, request: Mapping[str, Any]) -> ResolvedConfig:
-        """Re-resolve the request against persisted settings and defaults (explicit > persisted > default)."""
+    def __post_init__(self) -> None:
+        if self.engine_source not in ENGINE_SOURCES:
+            raise ValueError(f"{self.name}: engine_source must be one of {ENGINE_SOURCES}")
+        refused = REFUSED_OPTION_NAMES & set(self.options)
+        if refused:
+            raise ValueError(f"{self.name}: option name(s) {sorted(refused)} are reserved")
+        if self.default_engine is not None and self.default_engine not in self.engines:
+            raise ValueError(f"{self.name}: default engine {self.default_engine!r} is not declared")
+
+    # -- configuration --------------------------------------------------------------------------
+
+    def resolve(self, engine: Engine | None, request: Mapping[str, Any]) -> ResolvedConfig:
+        """Re-resolve the request against persisted settings and defaults (explicit > persisted > default).
+
+        ``engine`` is the database (None: no persisted layer, used by offline validation). Raises a
+        ``WorkerConfigError`` subclass that names the offending field.
+        """
         if self.resolver is not None:
             return self.resolver(self, engine, request)
-        return ResolvedConfig(
-            engine_name=request.get("engine_name"),
-            preset=request.get("preset"),
-            db_batch_size=int(request.get("db_batch_size") or self.default_batch_size),
-            options=dict(request.get("options") or {}),
-            engine_options=dict(request.get("engine_options") or {}),
-            config={},
-        )
+        return resolve_config(self, engine, request)
 
+    def describe_config(
+        self, engine_name: str | None, preset: str | None = None, engine_options: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """What would be loaded for these choices, without loading it (defaults filled in)."""
+        if engine_name is None:
+            return {"engine": None}
+        espec = self._engine(engine_name, "engine_name")
+        preset = preset or espec.default_preset
+        merged, _ = _merge_engine_options(espec, [("explicit", preset, engine_options or {})])
+        return _describe(espec, preset, merged)
+
+    def get_engine(self, config: ResolvedConfig) -> Any:
+        """Load the run's engine (heavy: only a runner's child calls this)."""
+        if config.engine_name is None:
+            return None
+        return self._engine(config.engine_name, "engine_name").load(dict(config.engine_options))
+
+    def signature(self) -> dict[str, Any]:
+        """The worker's declaration as JSON, for the panel and the API."""
+        return {
+            "name": self.name,
+            "label": self.label,
+            "description": self.description,
+            "unit": self.unit,
+            "governed": self.governed,
+            "engine_source": self.engine_source,
+            "stamp_key": self.stamp_key,
+            "default_batch_size": self.default_batch_size,
+            "options": {k: o.describe() for k, o in self.options.items()},
+            "accepts_extra_options": self.accepts_extra_options,
+            "requires": list(self.requires),
+            "default_engine": self.default_engine,
+            "engines": {k: e.signature() for k, e in self.engines.items()},
+        }
+
+    # -- queue ------------------------------------------------------------------------------------
+
+    def pending_count(self, engine: Engine) -> int | None:
+        """Units still to do, by the same condition as the execution; None for a worker with no queue."""
+        if self.queue is None:
+            return None
+        return self.queue.pending_count(engine)
+
+    def counts(self, engine: Engine) -> dict[str, int] | None:
+        """``{"pending", "processed", "failed"}`` for the panel; None for a worker with no queue."""
+        if self.queue is None:
+            return None
+        return self.queue.counts(engine)
+
+    def _engine(self, name: str, field_name: str) -> EngineSpec:
+        try:
+            return self.engines[name]
+        except KeyError:
+            known = ", ".join(self.engines) or "none"
+            raise UnknownEngine(field_name, f"worker {self.name!r} has no engine {name!r} (known: {known})") from None
+
+
+# --- the resolver ---------------------------------------------------------------------------------
+
+
+def _check_refused(values: Mapping[str, Any], prefix: str) -> None:
+    for key in values:
+        if key in REFUSED_OPTION_NAMES:
+            raise RefusedOption(f"{prefix}.{key}", "is refused: the run's config is written by the resolver")
+
+
+def _merge_engine_options(
+    espec: EngineSpec, layers: list[tuple[str, str | None, Mapping[str, Any]]]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Defaults, then each layer (lowest precedence first): its preset's values, then its own options."""
+    values = {k: o.default for k, o in espec.options.items()}
+    sources = {k: "default" for k in values}
+    for source, preset, options in layers:
+        if preset is not None:
+            if preset not in espec.presets:
+                known = ", ".join(espec.presets) or "none"
+                raise UnknownPreset("preset", f"engine {espec.name!r} has no preset {preset!r} (known: {known})")
+            for k, v in espec.presets[preset].engine_options.items():
+                values[k], sources[k] = v, f"{source}:preset"
+        _check_refused(options, "engine_options")
+        for k, v in options.items():
+            values[k], sources[k] = v, source
+    clean: dict[str, Any] = {}
+    for k, v in values.items():
+        ospec = espec.options.get(k)
+        if ospec is None:
+            if not espec.accepts_extra_options:
+                raise UnknownOption(
+                    f"engine_options.{k}",
+                    f"is not an option of engine {espec.name!r} (known: {', '.join(espec.options) or 'none'})",
+                )
+            clean[k] = v
+        else:
+            clean[k] = ospec.coerce(v, f"engine_options.{k}")
+    return clean, sources
+
+
+def _describe(espec: EngineSpec, preset: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    described = espec.describe(dict(options)) if espec.describe is not None else {}
+    return {"engine": espec.name, "preset": preset, "engine_options": dict(options), **described}
+
+
+def _merge_options(
+    spec: WorkerSpec, persisted: Mapping[str, Any], explicit: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    values = {k: o.default for k, o in spec.options.items()}
+    sources = {k: "default" for k in values}
+    for source, layer in (("persisted", persisted), ("explicit", explicit)):
+        _check_refused(layer, "options")
+        for k, v in layer.items():
+            values[k], sources[k] = v, source
+    clean: dict[str, Any] = {}
+    for k, v in values.items():
+        ospec = spec.options.get(k)
+        if ospec is None:
+            if not spec.accepts_extra_options:
+                raise UnknownOption(
+                    f"options.{k}",
+                    f"is not an option of worker {spec.name!r} (known: {', '.join(spec.options) or 'none'})",
+                )
+            clean[k] = v
+        else:
+            clean[k] = ospec.coerce(v, f"options.{k}")
+    return clean, sources
+
+
+def resolve_config(spec: WorkerSpec, engine: Engine | None, request: Mapping[str, Any]) -> ResolvedConfig:
+    """The default resolver. Precedence, field by field: explicit request > persisted settings > default.
+
+    * the engine: explicit ``engine_name`` > persisted > ``spec.default_engine``. The persisted preset and
+      engine options apply only when the persisted row is about the same engine (another engine's options
+      would be meaningless);
+    * engine options: the option defaults, then the persisted layer (its preset, then its engine_options),
+      then the explicit layer (its preset, then its engine_options); a preset is shorthand for a set of
+      options of its own layer, so an explicit preset beats a persisted option;
+    * worker options: defaults < persisted < explicit, key by key;
+    * ``db_batch_size``: explicit > persisted > ``spec.default_batch_size``;
+    * an ``llm_check_rule`` worker takes its engine from the active LLM_CHECK rule, read now (at claim),
+      and refuses an explicit engine (it would disagree with the rule).
+    """
+    clean = validate_request(request)
+    persisted = load_persisted(engine, spec.name)
+    sources: dict[str, str] = {}
+
+    # batch size
+    if clean.get("db_batch_size") is not None:
+        batch, sources["db_batch_size"] = clean["db_batch_size"], "explicit"
+    elif persisted.db_batch_size is not None:
+        batch, sources["db_batch_size"] = persisted.db_batch_size, "persisted"
+    else:
+        batch, sources["db_batch_size"] = spec.default_batch_size, "default"
+    if not BATCH_SIZE_MIN <= int(batch) <= BATCH_SIZE_MAX:
+        raise InvalidOption("db_batch_size", f"must be between {BATCH_SIZE_MIN} and {BATCH_SIZE_MAX}")
+
+    options, option_sources = _merge_options(spec, persisted.options, clean.get("options") or {})
+    sources.update({f"options.{k}": v for k, v in option_sources.items()})
+
+    engine_name: str | None = None
+    preset: str | None = None
+    engine_options: dict[str, Any] = {}
+    config: dict[str, Any] = {"engine": None}
+
+    if spec.engine_source == "none":
+        for key in ("engine_name", "preset"):
+            if clean.get(key) is not None:
+                raise UnknownEngine(key, f"worker {spec.name!r} uses no engine")
+        _check_refused(clean.get("engine_options") or {}, "engine_options")
+        if clean.get("engine_options"):
+            first = sorted(clean["engine_options"])[0]
+            raise UnknownOption(f"engine_options.{first}", f"worker {spec.name!r} uses no engine")
+    elif spec.engine_source == "llm_check_rule":
+        for key in ("engine_name", "preset"):
+            if clean.get(key) is not None:
+                raise UnknownEngine(key, f"worker {spec.name!r} takes its engine from the active LLM_CHECK rule")
+        _check_refused(clean.get("engine_options") or {}, "engine_options")
+        if clean.get("engine_options"):
+            first = sorted(clean["engine_options"])[0]
+            raise UnknownOption(
+                f"engine_options.{first}", f"worker {spec.name!r} takes its engine options from the LLM_CHECK rule"
+            )
+        rule = active_llm_check_rule(engine) if engine is not None else None
+        if rule is not None and rule["engine_name"]:
+            espec = spec._engine(rule["engine_name"], "llm_check_rule.engine_name")
+            engine_name = espec.name
+            rule_options = dict(rule["engine_options"])
+            rule_preset = rule_options.pop("preset", None)
+            engine_options, eo_sources = _merge_engine_options(espec, [("rule", rule_preset, rule_options)])
+            preset = rule_preset or espec.default_preset
+            config = _describe(espec, preset, engine_options)
+            config["llm_check_rule"] = {k: rule[k] for k in ("id", "name", "field", "prompt", "updated_at")}
+            sources["engine_name"] = "rule"
+            sources.update({f"engine_options.{k}": v for k, v in eo_sources.items()})
+        else:
+            config = {"engine": None, "llm_check_rule": None}
+    else:  # settings
+        if clean.get("engine_name") is not None:
+            engine_name, sources["engine_name"] = clean["engine_name"], "explicit"
+        elif persisted.engine_name is not None:
+            engine_name, sources["engine_name"] = persisted.engine_name, "persisted"
+        else:
+            engine_name, sources["engine_name"] = spec.default_engine, "default"
+        if engine_name is None:
+            raise UnknownEngine("engine_name", f"worker {spec.name!r} has no default engine; name one")
+        espec = spec._engine(engine_name, "engine_name" if sources["engine_name"] != "persisted"
+                             else "archive_worker_settings.engine_name")
+        same_engine = persisted.engine_name in (None, engine_name)
+        layers: list[tuple[str, str | None, Mapping[str, Any]]] = []
+        if same_engine:
+            layers.append(("persisted", persisted.preset, persisted.engine_options))
+        layers.append(("explicit", clean.get("preset"), clean.get("engine_options") or {}))
+        engine_options, eo_sources = _merge_engine_options(espec, layers)
+        if clean.get("preset") is not None:
+            preset, sources["preset"] = clean["preset"], "explicit"
+        elif same_engine and persisted.preset is not None:
+            preset, sources["preset"] = persisted.preset, "persisted"
+        else:
+            preset, sources["preset"] = espec.default_preset, "default"
+            if preset is not None:  # the default preset is the lowest layer: re-merge under it
+                engine_options, eo_sources = _merge_engine_options(espec, [("default", preset, {})] + layers)
+        sources.update({f"engine_options.{k}": v for k, v in eo_sources.items()})
+        config = _describe(espec, preset, engine_options)
+
+    config = {"worker": spec.name, **config}
+    if persisted.revision is not None:
+        config["settings_revision"] = persisted.revision
+    return ResolvedConfig(
+        engine_name=engine_name,
+        preset=preset,
+        db_batch_size=int(batch),
+        options=options,
+        engine_options=engine_options,
+        config=config,
+        sources=sources,
+    )
+
+
+# --- the run context ------------------------------------------------------------------------------
 
 _LEASE_FENCE = text(
     """
@@ -106,6 +637,8 @@ class RunContext:
         config: ResolvedConfig,
         engine: Engine,
         channel: ChildChannel,
+        *,
+        spec: WorkerSpec | None = None,
     ) -> None:
         if run.runner_id is None:
             raise ValueError("a RunContext needs a claimed run (runner_id is set)")
@@ -113,17 +646,44 @@ class RunContext:
         self.config = config
         self.engine = engine
         self.channel = channel
+        self.spec = spec
         self.runner_id: uuid.UUID = run.runner_id
         self.result: dict[str, Any] = {}
         self.done = 0
         self.total: int | None = None
+        self.batch_index = 0
+        self.unit = spec.unit if spec is not None else "unit"
+        self._started = time.monotonic()
+        self._model: Any = None
+        self._model_loaded = False
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.config.options
+
+    @property
+    def run_id(self) -> uuid.UUID:
+        return self.run.run_id
 
     def cancelled(self) -> bool:
         return self.channel.cancel_requested()
 
     def report_progress(self, done: int, total: int | None = None, unit: str | None = None, **extra: Any) -> None:
         self.done, self.total = done, total if total is not None else self.total
-        self.channel.send_progress({"done": done, "total": self.total, "unit": unit or "unit", **extra})
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        self.channel.send_progress(
+            {"done": done, "total": self.total, "unit": unit or self.unit,
+             "batch": self.batch_index, "rate": round(done / elapsed, 3), **extra}
+        )
+
+    def get_engine(self) -> Any:
+        """Load (once) the run's engine, as resolved; None for a worker without one."""
+        if not self._model_loaded:
+            if self.spec is None:
+                raise RuntimeError("get_engine needs the RunContext's spec")
+            self._model = self.spec.get_engine(self.config)
+            self._model_loaded = True
+        return self._model
 
     def commit(self, write: Callable[[Connection], T]) -> T:
         """Run ``write`` in one transaction that first locks this run's row and checks its lease.
@@ -150,4 +710,17 @@ class RunContext:
                 batch = fetch(conn, size)
             if not batch:
                 return
+            self.batch_index += 1
             yield batch
+
+    def tally(self, units: int = 0, **counters: int) -> None:
+        """Add a committed batch to the summary (``ctx.result``) and report progress.
+
+        Call it only after the batch's ``commit`` returned: the summary then holds exactly what was
+        committed, which is what a cancelled run reports.
+        """
+        for key, value in counters.items():
+            self.result[key] = self.result.get(key, 0) + value
+        self.result["batches"] = self.batch_index
+        self.report_progress(self.done + units)
+        self.result["units"] = self.done

@@ -1,0 +1,56 @@
+"""The API's own settings (environment variables prefixed ``API_``), next to the shared ``Settings``.
+
+Nothing here is a secret: the session and CSRF tokens are random per login and live in the database
+(only the SHA-256 of the session token), so the API needs no signing key and every process of
+``uvicorn --workers N`` agrees without sharing memory.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from scrinalia.settings import SettingsError
+
+
+class ApiSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="API_", env_file=None, extra="ignore", hide_input_in_errors=True, case_sensitive=False
+    )
+
+    # --- the session cookie ---
+    cookie_name: str = Field(default="scrinalia_session", pattern=r"^[A-Za-z0-9_\-]{1,64}$")
+    cookie_secure: bool = Field(default=True, description="Send the cookie over HTTPS only (turn off for plain-HTTP development)")
+    cookie_samesite: Literal["lax", "strict"] = "strict"
+    session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
+
+    # --- login protection ---
+    login_rate_limit: int = Field(default=10, ge=1, le=10_000, description="Login attempts per address per window, per process")
+    login_rate_window_seconds: float = Field(default=60.0, gt=0, le=86_400)
+    lockout_threshold: int = Field(default=5, ge=1, le=100, description="Consecutive failures that lock an account")
+    lockout_base_seconds: float = Field(default=60.0, gt=0, le=86_400, description="First lockout; each next one doubles")
+    lockout_max_seconds: float = Field(default=86_400.0, gt=0, le=30 * 86_400)
+
+    # --- passwords ---
+    password_min_length: int = Field(default=12, ge=8, le=128)
+
+    # --- pages and features ---
+    runs_page_max: int = Field(default=200, ge=1, le=1000)
+    failures_max_days: int = Field(default=365, ge=1, le=3650)
+    metrics_enabled: bool = True
+    counts_statement_timeout_ms: int = Field(
+        default=5_000, ge=0, le=600_000, description="Cap on the worker counts statement (0: none)"
+    )
+    ui_dir: str | None = Field(default=None, description="Static panel directory; default: ui/ of the checkout when present")
+
+
+def load_api_settings(**overrides) -> ApiSettings:
+    try:
+        return ApiSettings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors(include_input=False, include_url=False):
+            variable = "API_" + ".".join(str(p) for p in err["loc"]).upper()
+            lines.append(f"{variable}: {err['msg']}")
+        raise SettingsError("; ".join(lines)) from None

@@ -1,0 +1,110 @@
+"""Sessions: a random token in the client's cookie (or bearer header); only its SHA-256 is stored.
+
+The CSRF token is a second random value bound to the session: the panel reads it from the login (or
+``/auth/me``) answer and sends it in ``X-CSRF-Token`` with every write made with the cookie.
+"""
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Engine, text
+
+from scrinalia.domains.identity.users import USER_COLUMNS, User, _user
+
+TOKEN_BYTES = 32
+TOUCH_EVERY_SECONDS = 60
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class NewSession:
+    session_id: int
+    token: str  # give it to the client once; never store or log it
+    csrf_token: str
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session_id: int
+    user: User
+    csrf_token: str
+    expires_at: datetime
+
+
+def create_session(
+    engine: Engine,
+    user_id: int,
+    *,
+    hours: float,
+    client_address: str | None = None,
+    user_agent: str | None = None,
+) -> NewSession:
+    token = secrets.token_urlsafe(TOKEN_BYTES)
+    csrf = secrets.token_urlsafe(TOKEN_BYTES)
+    with engine.begin() as conn:
+        row = conn.execute(
+            text(
+                """INSERT INTO auth_sessions (token_sha256, csrf_token, user_id, expires_at, last_seen_at,
+                                              client_address, user_agent)
+                   VALUES (:digest, :csrf, :uid, now() + make_interval(secs => :secs), now(), :addr, :ua)
+                   RETURNING id, expires_at"""
+            ),
+            {
+                "digest": token_digest(token),
+                "csrf": csrf,
+                "uid": user_id,
+                "secs": float(hours) * 3600.0,
+                "addr": (client_address or "")[:100] or None,
+                "ua": (user_agent or "")[:300] or None,
+            },
+        ).one()
+        # Housekeeping on the user's own index: sessions long expired or revoked go away.
+        conn.execute(
+            text(
+                "DELETE FROM auth_sessions WHERE user_id = :uid AND "
+                "(expires_at < now() - interval '7 days' OR revoked_at < now() - interval '7 days')"
+            ),
+            {"uid": user_id},
+        )
+    return NewSession(row.id, token, csrf, row.expires_at)
+
+
+_RESOLVE = text(
+    f"""
+    SELECT s.id AS session_id, s.csrf_token, s.expires_at,
+           s.last_seen_at < now() - make_interval(secs => {TOUCH_EVERY_SECONDS}) AS stale_seen,
+           {", ".join("u." + c.strip() for c in USER_COLUMNS.split(","))}
+      FROM auth_sessions s JOIN auth_users u ON u.id = s.user_id
+     WHERE s.token_sha256 = :digest AND s.revoked_at IS NULL AND s.expires_at > now() AND u.is_active
+    """
+)
+
+
+def resolve_session(engine: Engine, token: str) -> SessionInfo | None:
+    """The live session for ``token`` (not revoked, not expired, user active), or None."""
+    if not token or len(token) > 200:
+        return None
+    digest = token_digest(token)
+    with engine.connect() as conn:
+        row = conn.execute(_RESOLVE, {"digest": digest}).one_or_none()
+        if row is None:
+            return None
+        if row.stale_seen:
+            conn.execute(text("UPDATE auth_sessions SET last_seen_at = now() WHERE id = :id"), {"id": row.session_id})
+            conn.commit()
+    return SessionInfo(row.session_id, _user(row), row.csrf_token, row.expires_at)
+
+
+def revoke_session(engine: Engine, session_id: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE auth_sessions SET revoked_at = now() WHERE id = :id AND revoked_at IS NULL"),
+            {"id": session_id},
+        )

@@ -1,0 +1,262 @@
+// The panel's shell: the session, the header, the hash router and the polling rule.
+//
+// Polling (ADR 0014): every 5 s while a run is active (RUNNING), every 15 s while runs are only
+// QUEUED, and not at all when idle. It resumes when the window gets the focus back, when the page
+// becomes visible again, and after any action (a run, a cancel, a drain, a filter).
+import { h, replace, announce } from './dom.js';
+import * as api from './api.js';
+import { AUTH } from './auth.js';
+import * as loginView from './views/login.js';
+import * as passwordView from './views/password.js';
+import * as workersView from './views/workers.js';
+import * as runsView from './views/runs.js';
+import * as runView from './views/run.js';
+import * as failuresView from './views/failures.js';
+import * as runnersView from './views/runners.js';
+
+export const INTERVALS = { running: 5000, queued: 15000, idle: null };
+
+const session = { user: null };
+const main = document.getElementById('main');
+const nav = document.getElementById('nav');
+const who = document.getElementById('who');
+const bar = document.getElementById('refresh-bar');
+const barState = document.getElementById('refresh-state');
+
+// --- polling ---------------------------------------------------------------------------------------
+
+const poller = {
+  view: null,
+  timer: null,
+  activity: 'idle',
+  inflight: null,
+  lastAt: null,
+
+  attach(view) {
+    this.view = view;
+    this.activity = 'idle';
+    this.kick();
+  },
+
+  detach() {
+    clearTimeout(this.timer);
+    this.timer = null;
+    this.view = null;
+  },
+
+  /** Refresh now (focus, action, first paint), then schedule by what the refresh saw. */
+  async kick() {
+    clearTimeout(this.timer);
+    this.timer = null;
+    const view = this.view;
+    if (!view || !view.refresh) { this.render(); return; }
+    if (this.inflight) { this.again = true; return; }
+    this.inflight = (async () => {
+      try {
+        const activity = await view.refresh();
+        if (view === this.view) this.activity = activity || 'idle';
+        this.lastAt = new Date();
+        this.error = null;
+      } catch (err) {
+        if (err instanceof api.ApiError && err.status === 401) return;
+        this.error = err.message;
+      }
+    })();
+    await this.inflight;
+    this.inflight = null;
+    if (this.again) { this.again = false; return this.kick(); }
+    this.schedule();
+  },
+
+  schedule() {
+    clearTimeout(this.timer);
+    this.timer = null;
+    const interval = INTERVALS[this.activity] ?? null;
+    if (this.view && interval && !document.hidden) {
+      this.timer = setTimeout(() => this.kick(), interval);
+    }
+    this.render();
+  },
+
+  render() {
+    const interval = INTERVALS[this.activity] ?? null;
+    document.body.dataset.poll = this.view && interval ? this.activity : 'idle';
+    document.body.dataset.pollInterval = this.view && interval ? String(interval / 1000) : '0';
+    bar.hidden = !this.view || !this.view.refresh;
+    const dot = h('span.dot', { class: this.activity, 'aria-hidden': 'true' });
+    let text;
+    if (this.error) text = `Could not refresh: ${this.error}`;
+    else if (document.hidden) text = 'Paused while this tab is hidden';
+    else if (this.activity === 'running') text = 'A run is active: refreshing every 5 s';
+    else if (this.activity === 'queued') text = 'Runs are queued: refreshing every 15 s';
+    else text = 'Nothing is active: not refreshing (it resumes on focus or on an action)';
+    const at = this.lastAt ? ` · updated ${this.lastAt.toLocaleTimeString()}` : '';
+    replace(barState, dot, text, h('span.muted', at));
+  },
+};
+
+window.addEventListener('focus', () => poller.kick());
+document.addEventListener('visibilitychange', () => {
+  if (document.hidden) poller.schedule();
+  else poller.kick();
+});
+document.getElementById('refresh-now').addEventListener('click', () => poller.kick());
+
+// --- session ---------------------------------------------------------------------------------------
+
+export function canOperate() {
+  return session.user?.role === 'ADMIN';
+}
+
+function normaliseUser(data) {
+  if (!data) return null;
+  const u = data.user && typeof data.user === 'object' ? data.user : data;
+  return {
+    id: u.id ?? null,
+    email: u.email ?? '',
+    role: String(u.role || 'VIEWER').toUpperCase(),
+    mustChangePassword: Boolean(u.must_change_password ?? data.must_change_password),
+  };
+}
+
+export function setUser(data) {
+  session.user = normaliseUser(data);
+  renderHeader();
+}
+
+async function loadSession() {
+  try {
+    setUser(await api.get(AUTH.me, { quiet401: true }));
+  } catch (err) {
+    if (!(err instanceof api.ApiError) || err.status !== 401) throw err;
+    session.user = null;
+    renderHeader();
+  }
+}
+
+async function logout() {
+  try { await api.post(AUTH.logout, {}, { quiet401: true }); } catch { /* the session may be gone already */ }
+  api.setCsrf(null);
+  session.user = null;
+  renderHeader();
+  announce('Logged out');
+  location.hash = '#/login';
+}
+
+function renderHeader() {
+  const user = session.user;
+  const full = Boolean(user) && !user.mustChangePassword;
+  nav.hidden = !full;
+  who.hidden = !user;
+  if (user) {
+    replace(who,
+      h('span', h('span.visually-hidden', 'Signed in as '), h('span.email', user.email)),
+      h('span.badge', { title: 'Your role' }, user.role),
+      h('button.secondary', { type: 'button', onclick: logout }, 'Log out'));
+  } else {
+    replace(who);
+  }
+}
+
+api.onUnauthorised(() => {
+  if (session.user) announce('Your session has ended; please log in again.');
+  session.user = null;
+  renderHeader();
+  if (!location.hash.startsWith('#/login')) {
+    sessionStorage.setItem('scrinalia.after-login', location.hash);
+    location.hash = '#/login';
+  }
+});
+
+// --- routing ---------------------------------------------------------------------------------------
+
+const ROUTES = [
+  { re: /^login$/, view: loginView, anonymous: true },
+  { re: /^password$/, view: passwordView, passwordChange: true },
+  { re: /^workers$/, view: workersView, nav: 'workers' },
+  { re: /^runs$/, view: runsView, nav: 'runs' },
+  { re: /^runs\/([0-9a-fA-F-]{8,})$/, view: runView, nav: 'runs' },
+  { re: /^failures$/, view: failuresView, nav: 'failures' },
+  { re: /^runners$/, view: runnersView, nav: 'runners' },
+];
+
+let current = null;
+
+export function parseHash() {
+  const raw = location.hash.replace(/^#\/?/, '');
+  const [path, qs] = raw.split('?');
+  return { path: path || 'workers', params: Object.fromEntries(new URLSearchParams(qs || '')) };
+}
+
+export function navigate(path, params) {
+  const q = api.query(params);
+  const target = `#/${path}${q}`;
+  if (location.hash === target) route();
+  else location.hash = target;
+}
+
+const ctx = {
+  canOperate,
+  navigate,
+  poke: () => poller.kick(),
+  get user() { return session.user; },
+  setUser,
+  afterLogin() {
+    const back = sessionStorage.getItem('scrinalia.after-login');
+    sessionStorage.removeItem('scrinalia.after-login');
+    if (session.user?.mustChangePassword) location.hash = '#/password';
+    else location.hash = back && !back.startsWith('#/login') && !back.startsWith('#/password') ? back : '#/workers';
+  },
+};
+
+async function route() {
+  const { path, params } = parseHash();
+  let match = null;
+  let args = [];
+  for (const r of ROUTES) {
+    const m = r.re.exec(path);
+    if (m) { match = r; args = m.slice(1); break; }
+  }
+  if (!match) { location.replace('#/workers'); return; }
+
+  const user = session.user;
+  if (!user && !match.anonymous) {
+    sessionStorage.setItem('scrinalia.after-login', location.hash);
+    location.replace('#/login');
+    return;
+  }
+  if (user && match.anonymous) { location.replace(user.mustChangePassword ? '#/password' : '#/workers'); return; }
+  if (user && user.mustChangePassword && !match.passwordChange) { location.replace('#/password'); return; }
+  if (user && !user.mustChangePassword && match.passwordChange && !params.voluntary) {
+    location.replace('#/workers');
+    return;
+  }
+
+  if (current?.unmount) current.unmount();
+  poller.detach();
+  for (const a of nav.querySelectorAll('a')) {
+    if (a.dataset.route === match.nav) a.setAttribute('aria-current', 'page');
+    else a.removeAttribute('aria-current');
+  }
+  replace(main);
+  current = match.view.mount(main, { args, params }, ctx) || {};
+  document.title = `${current.title || 'Scrinalia'} · Scrinalia`;
+  // Move focus to the page for keyboard and screen-reader users, as a page load would.
+  const heading = main.querySelector('h1');
+  if (heading) { heading.tabIndex = -1; heading.focus({ preventScroll: true }); }
+  poller.attach(current);
+}
+
+window.addEventListener('hashchange', route);
+
+async function boot() {
+  try {
+    await loadSession();
+  } catch (err) {
+    replace(main, h('div.card.notice.bad', { role: 'alert' }, `The API cannot be reached: ${err.message}`));
+    return;
+  }
+  await route();
+}
+
+boot();

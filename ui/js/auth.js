@@ -1,0 +1,7 @@
+// The identity routes the panel uses (scrinalia/api, issue #5).
+export const AUTH = {
+  login: '/auth/login',
+  logout: '/auth/logout',
+  me: '/auth/me',
+  password: '/auth/password',
+};

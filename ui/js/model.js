@@ -1,0 +1,181 @@
+// What the panel reads from the API, normalised in one place so a view never guesses field names.
+import { h } from './dom.js';
+import { parseTime, duration } from './format.js';
+import { serverNow } from './api.js';
+
+export const ACTIVE = ['QUEUED', 'RUNNING'];
+export const STATUSES = ['QUEUED', 'RUNNING', 'SUCCESS', 'FAILED', 'INTERRUPTED', 'CANCELLED'];
+export const TRIGGERS = ['API', 'CLI', 'SCHEDULE'];
+
+const pick = (obj, ...keys) => {
+  for (const k of keys) {
+    if (obj && obj[k] !== undefined && obj[k] !== null) return obj[k];
+  }
+  return null;
+};
+
+export function items(data, ...keys) {
+  if (Array.isArray(data)) return data;
+  for (const k of [...keys, 'items', 'results', 'data']) {
+    if (data && Array.isArray(data[k])) return data[k];
+  }
+  return [];
+}
+
+/** A worker's declared options as a list: [{name, type, default, choices, min, max, description, required}]. */
+export function optionSpecs(raw) {
+  if (!raw) return [];
+  const list = Array.isArray(raw) ? raw : Object.entries(raw).map(([name, spec]) => ({ name, ...(spec && typeof spec === 'object' ? spec : { default: spec }) }));
+  return list.map((o) => ({
+    name: o.name,
+    type: String(o.type || (typeof o.default === 'boolean' ? 'bool' : typeof o.default === 'number' ? (Number.isInteger(o.default) ? 'int' : 'float') : 'str')).toLowerCase(),
+    default: o.default ?? null,
+    choices: o.choices || o.enum || null,
+    min: o.min ?? o.minimum ?? o.ge ?? null,
+    max: o.max ?? o.maximum ?? o.le ?? null,
+    description: o.description || o.help || '',
+    required: Boolean(o.required),
+    nullable: o.nullable ?? o.default === null,
+  })).filter((o) => o.name && o.name !== 'config');
+}
+
+/** Engines as [{name, presets: [names], default_preset, description}]. */
+export function engineList(raw) {
+  if (!raw) return [];
+  const list = Array.isArray(raw) ? raw : Object.entries(raw).map(([name, e]) => ({ name, ...(Array.isArray(e) ? { presets: e } : e) }));
+  return list.map((e) => {
+    if (typeof e === 'string') return { name: e, presets: [], default_preset: null, description: '' };
+    const presets = Array.isArray(e.presets) ? e.presets : e.presets ? Object.keys(e.presets) : [];
+    return {
+      name: e.name,
+      presets: presets.map((p) => (typeof p === 'string' ? p : p.name)),
+      default_preset: e.default_preset ?? null,
+      description: e.description || e.label || '',
+    };
+  });
+}
+
+export function normaliseWorker(w) {
+  const settings = pick(w, 'effective', 'effective_settings', 'settings', 'config') || {};
+  const counts = pick(w, 'counts') || {};
+  const engines = engineList(pick(w, 'engines', 'available_engines'));
+  const presetsTop = pick(w, 'presets');
+  if (presetsTop && engines.length === 0) {
+    engines.push({ name: settings.engine_name || 'default', presets: Array.isArray(presetsTop) ? presetsTop : Object.keys(presetsTop), default_preset: null });
+  }
+  const active = pick(w, 'active_run', 'active');
+  const last = pick(w, 'last_run', 'last');
+  return {
+    raw: w,
+    name: w.name,
+    label: w.label || w.name,
+    description: w.description || '',
+    unit: w.unit || 'document',
+    governed: Boolean(w.governed),
+    requires: w.requires || [],
+    engine: pick(settings, 'engine_name', 'engine'),
+    preset: pick(settings, 'preset'),
+    batchSize: pick(settings, 'db_batch_size', 'batch_size') ?? pick(w, 'default_batch_size'),
+    settingsSource: pick(settings, 'source', 'sources'),
+    engines,
+    engineSource: w.engine_source || null,
+    options: optionSpecs(pick(w, 'option_specs', 'options_spec', 'options', 'signature')),
+    acceptsExtra: Boolean(w.accepts_extra_options),
+    pending: pick(counts, 'pending') ?? pick(w, 'pending', 'pending_count'),
+    processed: pick(counts, 'processed', 'done') ?? pick(w, 'processed', 'processed_count'),
+    failed: pick(counts, 'failed', 'error', 'errors') ?? pick(w, 'failed', 'failed_count'),
+    active: active ? normaliseRun(active) : null,
+    last: last ? normaliseRun(last) : null,
+    runners: pick(w, 'capable_runners', 'runners', 'online_runners') || [],
+    queuedReason: pick(w, 'queued_reason', 'waiting_reason', 'not_running_reason', 'reason') ?? (active ? pick(active, 'queued_reason', 'waiting_reason') : null),
+  };
+}
+
+export function normaliseRun(r) {
+  if (!r) return null;
+  return { ...r, run_id: r.run_id || r.id };
+}
+
+/** idle | queued | running | failed (last time) */
+export function workerState(w) {
+  if (w.active?.status === 'RUNNING') return 'running';
+  if (w.active?.status === 'QUEUED') return 'queued';
+  if (w.last && ['FAILED', 'INTERRUPTED'].includes(w.last.status)) return 'failed';
+  return 'idle';
+}
+
+export const STATE_LABEL = { idle: 'Idle', queued: 'Queued', running: 'Running', failed: 'Failed last time' };
+
+/** The activity a list of runs implies, for the polling rule. */
+export function activityOf(statuses) {
+  if (statuses.includes('RUNNING')) return 'running';
+  if (statuses.includes('QUEUED')) return 'queued';
+  return 'idle';
+}
+
+export function statusBadge(status) {
+  return h('span.badge', { class: status || '' }, status || '—');
+}
+
+/** The progress of a run: {done, total, unit, fraction|null}. */
+export function progressOf(run) {
+  const p = run?.progress || {};
+  const done = Number(p.done ?? p.processed ?? 0);
+  const total = p.total === null || p.total === undefined ? null : Number(p.total);
+  return { done, total, unit: p.unit || 'unit', fraction: total ? Math.min(1, done / total) : null, raw: p };
+}
+
+// Samples of (time, done) per run, so the ETA follows the recent rate, not the model-loading start.
+const samples = new Map();
+
+export function eta(run) {
+  const { done, total } = progressOf(run);
+  if (!total || done >= total) return null;
+  if (run.progress?.eta_seconds !== undefined && run.progress?.eta_seconds !== null) return run.progress.eta_seconds * 1000;
+  const id = run.run_id;
+  const now = serverNow();
+  let list = samples.get(id);
+  if (!list) { list = []; samples.set(id, list); }
+  if (!list.length || list[list.length - 1].done !== done) list.push({ t: now, done });
+  while (list.length > 12) list.shift();
+  if (samples.size > 200) samples.delete(samples.keys().next().value);
+  let rate = null; // units per ms
+  if (list.length >= 2) {
+    const a = list[0];
+    const b = list[list.length - 1];
+    if (b.done > a.done && b.t > a.t) rate = (b.done - a.done) / (b.t - a.t);
+  }
+  if (rate === null) {
+    const started = parseTime(run.started_at);
+    if (started && done > 0 && now > started) rate = done / (now - started);
+  }
+  if (!rate) return null;
+  return (total - done) / rate;
+}
+
+export function etaText(run) {
+  const ms = eta(run);
+  return ms === null ? null : `about ${duration(ms)} left`;
+}
+
+/** Why a QUEUED run is not running, as one sentence (the API gives a code and/or a message). */
+export function queuedReasonText(reason) {
+  if (!reason) return null;
+  if (typeof reason === 'string') return REASONS[reason] || reason;
+  const code = reason.code || reason.reason;
+  const text = reason.message || reason.detail || REASONS[code] || code;
+  if (code === 'backoff' && reason.not_before) return `${text} (until ${new Date(reason.not_before).toLocaleTimeString()})`;
+  return text;
+}
+
+const REASONS = {
+  no_runner: 'No online runner advertises this worker.',
+  'no-runner': 'No online runner advertises this worker.',
+  runners_busy: 'Every capable runner is busy.',
+  'runners-busy': 'Every capable runner is busy.',
+  busy: 'Every capable runner is busy.',
+  backoff: 'Backing off before a retry.',
+  schema_behind: "The capable runners' schema is behind the database.",
+  'schema-behind': "The capable runners' schema is behind the database.",
+  waiting: 'Waiting for a runner to claim it.',
+};

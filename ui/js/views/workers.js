@@ -1,0 +1,310 @@
+// Workers: one card per worker, with its state, the active run's progress and ETA, the last run,
+// the counts, the effective engine and preset, the reason a QUEUED run waits, Cancel, and a Run form.
+//
+// A refresh updates each card's status in place and never rebuilds its form, so a poll does not
+// wipe what an operator is typing.
+import { h, replace, announce, dl } from '../dom.js';
+import * as api from '../api.js';
+import { field, showErrors } from '../forms.js';
+import { timeEl, duration, number, shortId } from '../format.js';
+import {
+  items, normaliseWorker, workerState, STATE_LABEL, statusBadge, progressOf, etaText,
+  queuedReasonText, activityOf,
+} from '../model.js';
+
+const BATCH_MIN = 1;
+const BATCH_MAX = 10000;
+
+export function mount(main, _route, ctx) {
+  const grid = h('div.grid', { role: 'list', 'aria-label': 'Workers' });
+  const summary = h('p', { 'aria-live': 'off' });
+  const errorBox = h('div');
+  main.append(
+    h('div.page-head', h('div', h('h1', 'Workers'), summary)),
+    errorBox,
+    grid,
+  );
+  const cards = new Map();
+  const confirming = new Set();
+
+  async function refresh() {
+    let data;
+    try {
+      data = await api.get('/system/workers');
+      replace(errorBox);
+    } catch (err) {
+      if (err.status !== 401) replace(errorBox, h('div.notice.bad', { role: 'alert' }, `Could not load the workers: ${err.message}`));
+      throw err;
+    }
+    const workers = items(data, 'workers').map(normaliseWorker);
+    const seen = new Set();
+    for (const w of workers) {
+      seen.add(w.name);
+      let card = cards.get(w.name);
+      if (!card) {
+        card = buildCard(w);
+        cards.set(w.name, card);
+        grid.append(card.el);
+      }
+      updateCard(card, w);
+    }
+    for (const [name, card] of cards) {
+      if (!seen.has(name)) { card.el.remove(); cards.delete(name); }
+    }
+    if (!workers.length) replace(grid, h('p.card.empty', 'No worker is installed.'));
+    const running = workers.filter((w) => w.active?.status === 'RUNNING').length;
+    const queued = workers.filter((w) => w.active?.status === 'QUEUED').length;
+    summary.textContent = `${workers.length} workers · ${running} running · ${queued} queued`;
+    return activityOf(workers.map((w) => w.active?.status).filter(Boolean));
+  }
+
+  function buildCard(w) {
+    const titleId = `worker-${w.name}-title`;
+    const badge = h('span.badge');
+    const status = h('div.worker-status');
+    const el = h('article.card.worker', { role: 'listitem', 'aria-labelledby': titleId, dataset: { worker: w.name } },
+      h('div.worker-head',
+        h('div', h('h2', { id: titleId }, w.label), h('div.name', w.name)),
+        badge),
+      w.description ? h('p.desc', w.description) : null,
+      status,
+      ctx.canOperate() ? buildForm(w) : null);
+    return { el, badge, status, worker: w };
+  }
+
+  function updateCard(card, w) {
+    card.worker = w;
+    const state = workerState(w);
+    card.el.classList.remove('state-idle', 'state-queued', 'state-running', 'state-failed');
+    card.el.classList.add(`state-${state}`);
+    card.el.dataset.state = state;
+    card.badge.className = `badge ${state === 'failed' ? 'failed' : state}`;
+    card.badge.textContent = STATE_LABEL[state];
+    replace(card.status,
+      w.active ? activeBlock(w) : null,
+      h('div.counts', { 'aria-label': 'Counts' },
+        count(w.pending, `pending ${w.unit}s`, 'pending'),
+        count(w.processed, 'processed', 'processed'),
+        count(w.failed, 'failed', 'failed')),
+      dl([
+        ['Engine', w.engine ? h('code', w.engine) : 'none'],
+        ['Preset', w.preset ? h('code', w.preset) : null],
+        ['Batch size', w.batchSize ? number(w.batchSize) : null],
+        ['Last run', lastRun(w.last)],
+        ['Runners', runnersText(w)],
+      ]));
+  }
+
+  function count(value, label, key) {
+    return h('div.count', { dataset: { count: key } }, h('strong', value === null ? '—' : number(value)), h('span', label));
+  }
+
+  function runnersText(w) {
+    const list = Array.isArray(w.runners) ? w.runners : [];
+    if (!list.length) return h('span.muted', 'no online runner can run it');
+    return list.map((r) => h('span.chip', typeof r === 'string' ? r : (r.name || shortId(r.runner_id))));
+  }
+
+  function lastRun(run) {
+    if (!run) return h('span.muted', 'never run');
+    const who = run.requested_by ? ` by ${run.requested_by}` : '';
+    return h('span',
+      statusBadge(run.status), ' ',
+      h('a', { href: `#/runs/${run.run_id}` }, run.duration_ms !== null && run.duration_ms !== undefined ? duration(run.duration_ms) : 'details'),
+      ` · ${run.trigger || ''}${who} · `,
+      timeEl(run.finished_at || run.queued_at));
+  }
+
+  function activeBlock(w) {
+    const run = w.active;
+    const p = progressOf(run);
+    const parts = [];
+    parts.push(h('div.line',
+      h('span', statusBadge(run.status), ' ', h('a', { href: `#/runs/${run.run_id}` }, `run ${shortId(run.run_id)}`),
+        h('span.muted', ` · ${run.trigger || ''}${run.requested_by ? ` by ${run.requested_by}` : ''} · `),
+        timeEl(run.started_at || run.queued_at)),
+      ctx.canOperate() && !run.cancel_requested_at ? cancelControl(run) : null));
+    if (run.status === 'RUNNING') {
+      const label = p.total ? `${number(p.done)} of ${number(p.total)} ${p.unit}s` : `${number(p.done)} ${p.unit}s`;
+      const pct = p.fraction === null ? null : Math.round(p.fraction * 100);
+      parts.push(h('div.bar', {
+        class: pct === null ? 'indeterminate' : '',
+        role: 'progressbar',
+        'aria-label': `Progress of ${w.label}`,
+        'aria-valuemin': '0',
+        'aria-valuemax': p.total ? String(p.total) : false,
+        'aria-valuenow': p.total ? String(p.done) : false,
+        'aria-valuetext': label,
+      }, h('span', { style: `width: ${pct ?? 0}%` })));
+      const eta = etaText(run);
+      parts.push(h('div.small.progress-text', label, pct !== null ? ` (${pct}%)` : '', eta ? ` · ${eta}` : ''));
+    }
+    if (run.cancel_requested_at) {
+      parts.push(h('div.notice.warn.small', 'Cancellation requested: it stops at the next batch boundary.'));
+    }
+    if (run.status === 'QUEUED') {
+      const reason = queuedReasonText(w.queuedReason || run.queued_reason || run.waiting_reason);
+      parts.push(h('div.notice.warn.small.queued-reason', h('strong', 'Why it is not running yet: '),
+        reason || 'waiting for a runner to claim it.'));
+    }
+    return h('div.active', { 'aria-label': 'Active run' }, parts);
+  }
+
+  function cancelControl(run) {
+    const id = run.run_id;
+    if (confirming.has(id)) {
+      return h('span.actions',
+        h('span.small', 'Cancel this run?'),
+        h('button.danger', { type: 'button', onclick: () => doCancel(run) }, 'Yes, cancel it'),
+        h('button.secondary', { type: 'button', onclick: () => { confirming.delete(id); ctx.poke(); } }, 'No'));
+    }
+    return h('button.danger', {
+      type: 'button',
+      'aria-label': `Cancel run ${shortId(id)}`,
+      onclick: (ev) => {
+        const cardEl = ev.target.closest('article');
+        confirming.add(id);
+        rerender();
+        cardEl?.querySelector('.active button.danger')?.focus();
+      },
+    }, 'Cancel');
+  }
+
+  function rerender() {
+    for (const card of cards.values()) updateCard(card, card.worker);
+  }
+
+  async function doCancel(run) {
+    confirming.delete(run.run_id);
+    try {
+      const data = await api.post(`/system/runs/${run.run_id}/cancel`, {});
+      const status = data?.status || data?.run?.status;
+      announce(status === 'CANCELLED' ? 'The run was cancelled.' : 'Cancellation requested: the run stops at the next batch.');
+    } catch (err) {
+      announce(`Could not cancel: ${err.message}`);
+      replace(errorBox, h('div.notice.bad', { role: 'alert' }, `Could not cancel the run: ${err.message}`));
+    }
+    ctx.poke();
+  }
+
+  // --- the Run form ---
+
+  function buildForm(w) {
+    const formError = h('div.form-error', { role: 'alert' });
+    const fields = {};
+    const engineSel = h('select');
+    engineSel.append(h('option', { value: '' }, `Default${w.engine ? ` (${w.engine})` : ''}`));
+    for (const e of w.engines) engineSel.append(h('option', { value: e.name }, e.name));
+    const presetSel = h('select');
+    const fillPresets = () => {
+      const chosen = w.engines.find((e) => e.name === (engineSel.value || w.engine)) || w.engines[0];
+      const keep = presetSel.value;
+      replace(presetSel, h('option', { value: '' }, `Default${w.preset && !engineSel.value ? ` (${w.preset})` : ''}`));
+      for (const p of chosen?.presets || []) presetSel.append(h('option', { value: p }, p));
+      if ([...presetSel.options].some((o) => o.value === keep)) presetSel.value = keep;
+    };
+    fillPresets();
+    engineSel.addEventListener('change', fillPresets);
+    const hasEngines = w.engines.length > 0;
+    if (hasEngines) {
+      fields.engine_name = field({ label: 'Engine', name: 'engine_name', control: engineSel });
+      fields.preset = field({ label: 'Preset', name: 'preset', control: presetSel });
+    }
+    fields.db_batch_size = field({
+      label: 'Batch size', name: 'db_batch_size',
+      hint: `${BATCH_MIN}–${BATCH_MAX}`,
+      control: h('input', { type: 'number', inputmode: 'numeric', min: BATCH_MIN, max: BATCH_MAX, step: 1, placeholder: w.batchSize ?? '' }),
+    });
+    const optionFields = [];
+    for (const o of w.options) {
+      let control;
+      if (o.type === 'bool' || o.type === 'boolean') {
+        control = h('select', h('option', { value: '' }, `Default (${o.default === null ? 'none' : String(o.default)})`),
+          h('option', { value: 'true' }, 'true'), h('option', { value: 'false' }, 'false'));
+      } else if (o.choices) {
+        control = h('select', h('option', { value: '' }, `Default (${o.default ?? 'none'})`),
+          o.choices.map((c) => h('option', { value: String(c) }, String(c))));
+      } else if (['int', 'integer', 'float', 'number'].includes(o.type)) {
+        control = h('input', {
+          type: 'number', step: o.type.startsWith('int') ? 1 : 'any', min: o.min ?? false, max: o.max ?? false,
+          placeholder: o.default ?? '', inputmode: o.type.startsWith('int') ? 'numeric' : 'decimal',
+        });
+      } else {
+        control = h('input', { type: 'text', placeholder: o.default ?? '' });
+      }
+      const hintBits = [o.description, o.type, o.min !== null || o.max !== null ? `${o.min ?? '…'}–${o.max ?? '…'}` : null].filter(Boolean);
+      const f = field({ label: o.name, name: `options.${o.name}`, hint: hintBits.join(' · '), control });
+      fields[`options.${o.name}`] = f;
+      optionFields.push({ spec: o, f });
+    }
+
+    const submit = h('button', { type: 'submit' }, 'Run');
+
+    function collect() {
+      const body = {};
+      const errors = {};
+      if (fields.engine_name?.input.value) body.engine_name = fields.engine_name.input.value;
+      if (fields.preset?.input.value) body.preset = fields.preset.input.value;
+      const bs = fields.db_batch_size.input.value.trim();
+      if (bs !== '') {
+        const n = Number(bs);
+        if (!Number.isInteger(n) || n < BATCH_MIN || n > BATCH_MAX) errors.db_batch_size = `Enter a whole number from ${BATCH_MIN} to ${BATCH_MAX}.`;
+        else body.db_batch_size = n;
+      }
+      const options = {};
+      for (const { spec, f } of optionFields) {
+        const raw = f.input.value.trim();
+        if (raw === '') {
+          if (spec.required) errors[`options.${spec.name}`] = 'Required.';
+          continue;
+        }
+        const key = `options.${spec.name}`;
+        if (spec.type === 'bool' || spec.type === 'boolean') options[spec.name] = raw === 'true';
+        else if (spec.choices) options[spec.name] = spec.choices.find((c) => String(c) === raw) ?? raw;
+        else if (['int', 'integer', 'float', 'number'].includes(spec.type)) {
+          const n = Number(raw);
+          if (!Number.isFinite(n)) errors[key] = 'Enter a number.';
+          else if (spec.type.startsWith('int') && !Number.isInteger(n)) errors[key] = 'Enter a whole number.';
+          else if (spec.min !== null && n < spec.min) errors[key] = `At least ${spec.min}.`;
+          else if (spec.max !== null && n > spec.max) errors[key] = `At most ${spec.max}.`;
+          else options[spec.name] = n;
+        } else options[spec.name] = raw;
+      }
+      if (Object.keys(options).length) body.options = options;
+      return { body, errors };
+    }
+
+    async function onSubmit(ev) {
+      ev.preventDefault();
+      const { body, errors } = collect();
+      if (Object.keys(errors).length) { showErrors(fields, { fields: errors }, formError); return; }
+      showErrors(fields, null, formError);
+      submit.disabled = true;
+      try {
+        const run = await api.post(`/system/workers/${encodeURIComponent(w.name)}/runs`, body);
+        const id = run?.run_id || run?.run?.run_id;
+        announce(`${w.label}: run ${shortId(id)} queued.`);
+        formError.textContent = '';
+      } catch (err) {
+        if (err.status === 409) {
+          const active = err.body?.detail?.active_run || err.body?.active_run || err.body?.detail?.run;
+          formError.textContent = `${w.label} already has an active run${active?.run_id ? ` (${shortId(active.run_id)}, ${active.status})` : ''}.`;
+        } else {
+          showErrors(fields, err, formError, { engine: 'engine_name', batch_size: 'db_batch_size', db_batch_size: 'db_batch_size' });
+        }
+      } finally {
+        submit.disabled = false;
+        ctx.poke();
+      }
+    }
+
+    const advanced = h('details.run-options',
+      h('summary', 'Options'),
+      h('div.form-grid', Object.entries(fields).filter(([k]) => !k.startsWith('options.')).map(([, f]) => f.el)),
+      optionFields.length ? h('fieldset', h('legend', 'Worker options'), h('div.form-grid', optionFields.map(({ f }) => f.el))) : null);
+    return h('form.run-form', { onsubmit: onSubmit, novalidate: true, 'aria-label': `Run ${w.label}` },
+      advanced, formError, h('div.actions', submit, h('span.small.muted', 'Empty fields use the effective settings.')));
+  }
+
+  return { title: 'Workers', refresh };
+}
