@@ -1,0 +1,100 @@
+"""The scheduler process: exactly one is active, decided in the database by an advisory lock.
+
+Every scheduler holds a dedicated connection and tries ``pg_try_advisory_lock`` on each tick; the one
+that holds it is the leader and ticks, the others stand by. If the leader dies, its connection closes,
+PostgreSQL releases the lock, and a standby takes over on its next tick.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass, field
+
+import psycopg
+from sqlalchemy import Engine
+
+from scrinalia.domains.archive import ledger
+from scrinalia.scheduler.retry import Retry, retry_failed_scheduled_runs
+from scrinalia.scheduler.schedules import TickOutcome, fire_due_schedules
+
+log = logging.getLogger("scrinalia.scheduler")
+
+# A fixed 64-bit key: hashtext('scrinalia-scheduler') would do too, but a literal is greppable.
+LEADER_LOCK_KEY = 0x5C41_5C4E_0001
+
+
+@dataclass
+class TickReport:
+    leader: bool
+    fired: list[TickOutcome] = field(default_factory=list)
+    retries: list[Retry] = field(default_factory=list)
+    expired: int = 0
+
+
+class Scheduler:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._leader_conn: psycopg.Connection | None = None
+
+    def _hold_leadership(self) -> bool:
+        if self._leader_conn is None:
+            pooled = self.engine.raw_connection()
+            # Detached from the pool: closing it really ends the session, and with it the lock. A
+            # pooled connection would carry the lock back into the pool.
+            driver = pooled.driver_connection
+            pooled.detach()
+            driver.autocommit = True
+            self._leader_conn = driver
+        try:
+            with self._leader_conn.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK_KEY,))
+                held = cur.fetchone()[0]
+        except Exception:
+            self.release()
+            raise
+        return bool(held)
+
+    def release(self) -> None:
+        if self._leader_conn is not None:
+            try:
+                # Unlock explicitly: the server drops a closed session's locks only once its backend
+                # has exited, which a standby could otherwise race with.
+                self._leader_conn.execute("SELECT pg_advisory_unlock_all()")
+            except psycopg.Error:
+                pass  # the session is already gone, and its locks with it
+            finally:
+                self._leader_conn.close()
+                self._leader_conn = None
+
+    def tick(self) -> TickReport:
+        if not self._hold_leadership():
+            return TickReport(leader=False)
+        report = TickReport(leader=True)
+        # Expiring leases here too lets retries of crashed scheduled runs proceed with no runner online.
+        report.expired = len(ledger.expire_leases(self.engine))
+        report.retries = retry_failed_scheduled_runs(self.engine)
+        report.fired = fire_due_schedules(self.engine)
+        for item in report.fired:
+            log.info("schedule %s (%s): %s %s", item.schedule_id, item.worker_name, item.outcome, item.run_id or "")
+        for item in report.retries:
+            log.info("retry of %s (%s): attempt %s as %s", item.retry_of, item.worker_name, item.attempt, item.run_id)
+        return report
+
+    def serve(self, interval_s: float = 5.0, stop: threading.Event | None = None) -> None:
+        stop = stop or threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        was_leader = None
+        try:
+            while not stop.is_set():
+                try:
+                    leader = self.tick().leader
+                    if leader != was_leader:
+                        log.info("scheduler is %s", "the leader" if leader else "standing by")
+                        was_leader = leader
+                except Exception:
+                    log.exception("scheduler tick failed; retrying in %.0f s", interval_s)
+                stop.wait(interval_s)
+        finally:
+            self.release()

@@ -1,0 +1,143 @@
+"""The scheduler and the retry policy, on a real PostgreSQL."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+
+from scrinalia.db.engine import create_engine_from_url
+from scrinalia.domains.archive import ledger
+from scrinalia.scheduler.retry import retry_failed_scheduled_runs
+from scrinalia.scheduler.schedules import create_schedule, list_schedules
+from scrinalia.scheduler.service import Scheduler
+from tests.ledger.helpers import register_runner
+
+
+def _fail(engine, runner, worker, status="FAILED"):
+    run = ledger.claim_next(engine, runner, [worker], 60)
+    assert run is not None
+    return ledger.finish(engine, run.run_id, runner, status, error="RuntimeError: boom",
+                         exit_reason="exception" if status == "FAILED" else "cancelled")
+
+
+def _db_now(engine):
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT now()")).scalar_one()
+
+
+def test_a_due_schedule_enqueues_a_schedule_run(engine):
+    schedule = create_schedule(engine, "embedding", 3600, {"db_batch_size": 8})
+    report = Scheduler(engine).tick()
+    assert report.leader and [f.outcome for f in report.fired] == ["enqueued"]
+    run = ledger.get_run(engine, report.fired[0].run_id)
+    assert run.trigger == "SCHEDULE" and run.schedule_id == schedule.id and run.request == {"db_batch_size": 8}
+    (after,) = list_schedules(engine)
+    assert after.last_outcome == "enqueued" and after.next_run_at > _db_now(engine)
+    assert Scheduler(engine).tick().fired == []  # not due again
+
+
+def test_a_tick_while_the_slot_is_busy_is_skipped_not_queued(engine):
+    busy = ledger.enqueue(engine, "ner", {})
+    create_schedule(engine, "ner", 600)
+    report = Scheduler(engine).tick()
+    assert [f.outcome for f in report.fired] == ["skipped-busy"]
+    assert ledger.active_run(engine, "ner").run_id == busy.run_id
+    (after,) = list_schedules(engine)
+    assert after.last_outcome == "skipped-busy" and after.next_run_at > _db_now(engine)
+
+
+def test_missed_ticks_are_one_catch_up_not_a_replay(engine):
+    create_schedule(engine, "cleaning", 60)
+    with engine.begin() as conn:  # the scheduler was down for ten intervals
+        conn.execute(text("UPDATE archive_worker_schedules SET next_run_at = now() - interval '10 minutes 30 seconds'"))
+    scheduler = Scheduler(engine)
+    assert len(scheduler.tick().fired) == 1
+    (after,) = list_schedules(engine)
+    until_next = after.next_run_at - _db_now(engine)
+    assert timedelta(0) < until_next <= timedelta(seconds=60)
+    assert scheduler.tick().fired == []
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM archive_worker_runs")).scalar_one() == 1
+
+
+def test_only_one_scheduler_leads(database_url, engine):
+    other_engine = create_engine_from_url(database_url)
+    first, second = Scheduler(engine), Scheduler(other_engine)
+    try:
+        assert first.tick().leader
+        assert not second.tick().leader
+        first.release()  # the leader's session ends: the lock goes with it
+        assert second.tick().leader
+    finally:
+        first.release()
+        second.release()
+        other_engine.dispose()
+
+
+def test_a_failed_scheduled_run_is_retried_with_backoff(engine):
+    runner = register_runner(engine, ["typology"])
+    create_schedule(engine, "typology", 3600, {"preset": "cpu"})
+    Scheduler(engine).tick()
+    first = _fail(engine, runner, "typology")
+
+    (retry,) = retry_failed_scheduled_runs(engine)
+    row = ledger.get_run(engine, retry.run_id)
+    assert row.attempt == 2 and row.retry_of == first.run_id and row.request == {"preset": "cpu"}
+    assert row.trigger == "SCHEDULE" and row.schedule_id == first.schedule_id
+    delay = (row.not_before - row.queued_at).total_seconds()
+    assert 60 * 0.8 <= delay <= 60 * 1.2
+    assert retry_failed_scheduled_runs(engine) == []  # the slot is taken by the retry itself
+    assert ledger.claim_next(engine, runner, ["typology"], 60) is None  # backing off
+
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archive_worker_runs SET not_before = now() WHERE run_id = :r"), {"r": retry.run_id})
+    _fail(engine, runner, "typology")
+    (third,) = retry_failed_scheduled_runs(engine)
+    row3 = ledger.get_run(engine, third.run_id)
+    assert row3.attempt == 3 and 120 * 0.8 <= (row3.not_before - row3.queued_at).total_seconds() <= 120 * 1.2
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archive_worker_runs SET not_before = now() WHERE run_id = :r"), {"r": third.run_id})
+    _fail(engine, runner, "typology")
+    assert retry_failed_scheduled_runs(engine) == []  # three attempts is the limit
+
+
+@pytest.mark.parametrize("trigger", ["API", "CLI"])
+def test_manual_runs_are_never_retried(engine, trigger):
+    runner = register_runner(engine, ["ner"])
+    create_schedule(engine, "ner", 3600, first_delay_s=3600)
+    if trigger == "API":
+        ledger.enqueue(engine, "ner", {})
+        _fail(engine, runner, "ner")
+    else:
+        run = ledger.create_running(engine, "ner", {}, runner_id=runner, lease_seconds=60)
+        ledger.finish(engine, run.run_id, runner, "FAILED", error="RuntimeError: x", exit_reason="exception")
+    assert retry_failed_scheduled_runs(engine) == []
+
+
+def test_cancelled_is_never_retried_and_interrupted_is(engine):
+    runner = register_runner(engine, ["a", "b"])
+    create_schedule(engine, "a", 3600)
+    create_schedule(engine, "b", 3600)
+    Scheduler(engine).tick()
+    _fail(engine, runner, "a", status="CANCELLED")
+    _fail(engine, runner, "b", status="INTERRUPTED")
+    assert [r.worker_name for r in retry_failed_scheduled_runs(engine)] == ["b"]
+
+
+def test_backoff_is_capped_at_thirty_minutes(engine):
+    runner = register_runner(engine, ["x"])
+    create_schedule(engine, "x", 3600, first_delay_s=3600)
+    run = ledger.enqueue(engine, "x", {}, trigger="SCHEDULE", attempt=2)
+    with engine.begin() as conn:  # pretend this is attempt 7 of a longer policy; the cap must hold
+        conn.execute(text("UPDATE archive_worker_runs SET attempt = 7 WHERE run_id = :r"), {"r": run.run_id})
+    _fail(engine, runner, "x")
+    from scrinalia.scheduler import retry as policy
+    original = policy.MAX_ATTEMPTS
+    policy.MAX_ATTEMPTS = 10
+    try:
+        (r,) = retry_failed_scheduled_runs(engine)
+    finally:
+        policy.MAX_ATTEMPTS = original
+    row = ledger.get_run(engine, r.run_id)
+    assert (row.not_before - row.queued_at).total_seconds() == pytest.approx(1800, abs=1)
