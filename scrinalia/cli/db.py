@@ -32,3 +32,18 @@ def current() -> None:
     click.echo(f"database: {revision or '(none)'}\nbundled head: {head}")
     if revision != head:
         raise SystemExit(1)
+
+
+@command.command("runner-role")
+@click.option("--role", default="scrinalia_runner", show_default=True)
+@click.option("--password-env", default="RUNNER_DB_PASSWORD", show_default=True,
+              help="Environment variable holding the role's password (never pass it on the command line).")
+def runner_role(role: str, password_env: str) -> None:
+    """Create or update the runner's least-privilege role and its grants."""
+    import os
+
+    from scrinalia.db.roles import ensure_runner_role
+
+    password = os.environ.get(password_env)
+    ensure_runner_role(app_engine(get_settings(), application_name="scrinalia-cli"), role, password)
+    click.echo(f"role {role} ready" + ("" if password else f" (no password set: {password_env} is empty)"))
