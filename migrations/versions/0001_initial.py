@@ -43,6 +43,41 @@ SELECT left(
 $fp$;
 """
 
+# The stamps of the document workers (issue #4, docs/workers.md). A document is pending for a worker when
+# its recorded stamp differs from the stamp its current row would get; these IMMUTABLE functions compute
+# that stamp in PostgreSQL, so an edited text re-queues the document by itself, and so the pending
+# condition can be the predicate of a partial index (ix_documents_pending_*: a pending count is an
+# index-only count whose cost grows with the backlog, not with the archive). Not STRICT, so they inline.
+STAMP_FUNCTIONS = r"""
+CREATE FUNCTION archive_composed_text(title text, scope_and_content text, history text, provenance text)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $ct$
+SELECT btrim(
+  coalesce(btrim(title), '')
+  || CASE WHEN coalesce(btrim(scope_and_content), '') = '' THEN '' ELSE E'\n\n' || btrim(scope_and_content) END
+  || CASE WHEN coalesce(btrim(history), '') = '' THEN '' ELSE E'\n\n' || btrim(history) END
+  || CASE WHEN coalesce(btrim(provenance), '') = '' THEN '' ELSE E'\n\n' || btrim(provenance) END)
+$ct$;
+
+CREATE FUNCTION archive_text_stamp(title text, scope_and_content text, history text, provenance text)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $ts$
+SELECT md5(archive_composed_text(title, scope_and_content, history, provenance))
+$ts$;
+
+CREATE FUNCTION archive_quality_stamp(title text, scope_and_content text, history text, provenance text,
+                                      date_text text, date_start date, date_end date, execution_log jsonb)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $qs$
+SELECT md5(archive_composed_text(title, scope_and_content, history, provenance)
+  || chr(31) || coalesce(date_text, '')
+  || chr(31) || coalesce((date_start - DATE '2000-01-01')::text, '')
+  || chr(31) || coalesce((date_end - DATE '2000-01-01')::text, '')
+  || chr(31) || coalesce(execution_log #>> '{ner,run_id}', '')
+  || chr(31) || coalesce(execution_log #>> '{typology,run_id}', ''))
+$qs$;
+"""
+
 TABLES = """
 CREATE TABLE archive_cleaning_rules (
 	id BIGINT GENERATED ALWAYS AS IDENTITY,
@@ -89,6 +124,18 @@ CREATE TABLE archive_documents (
 );
 
 CREATE INDEX ix_documents_status ON archive_documents (status);
+
+CREATE INDEX ix_documents_title_normalized ON archive_documents (lower(btrim(title)));
+
+CREATE INDEX ix_documents_pending_embedding ON archive_documents (id) WHERE (execution_log #>> '{embedding,stamp}') IS DISTINCT FROM archive_text_stamp(title, scope_and_content, admin_biographical_history, provenance);
+
+CREATE INDEX ix_documents_pending_ner ON archive_documents (id) WHERE status <> 'HUMAN_APPROVED' AND (execution_log #>> '{ner,stamp}') IS DISTINCT FROM archive_text_stamp(title, scope_and_content, admin_biographical_history, provenance);
+
+CREATE INDEX ix_documents_pending_typology ON archive_documents (id) WHERE status <> 'HUMAN_APPROVED' AND (execution_log #>> '{typology,stamp}') IS DISTINCT FROM md5(title);
+
+CREATE INDEX ix_documents_pending_quality ON archive_documents (id) WHERE status <> 'HUMAN_APPROVED' AND (execution_log #>> '{quality-validator,stamp}') IS DISTINCT FROM archive_quality_stamp(title, scope_and_content, admin_biographical_history, provenance, date_text, date_start, date_end, execution_log);
+
+CREATE INDEX ix_documents_stamp_errors ON archive_documents (id) WHERE (jsonb_path_exists(execution_log, '$.*.status ? (@ == "ERROR")') OR jsonb_path_exists(execution_log, '$.cleaning.*.status ? (@ == "ERROR")'));
 
 CREATE TABLE archive_entities (
 	id BIGINT GENERATED ALWAYS AS IDENTITY,
@@ -353,97 +400,26 @@ CREATE INDEX ix_auth_sessions_user ON auth_sessions (user_id);
 """
 
 
-# The per-worker unit counts of the panel (processed / failed / pending) are kept by the database
-# itself: statement-level triggers with transition tables add each statement's delta of execution_log
-# stamps to archive_stamp_counts, so GET /system/workers reads a handful of rows instead of scanning
-# every document (the original system's two-second pending counter). The row with stamp_key = ''
-# counts the documents. Rows are written in key order, so concurrent statements cannot deadlock.
-STAMP_COUNTS = r"""
-CREATE TABLE archive_stamp_counts (
-	stamp_key TEXT NOT NULL,
-	stamp TEXT NOT NULL,
-	status TEXT NOT NULL,
-	n BIGINT DEFAULT 0 NOT NULL,
-	PRIMARY KEY (stamp_key, stamp, status)
-);
-
-CREATE FUNCTION archive_stamp_counts_apply() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $fn$
-BEGIN
-  IF TG_OP = 'TRUNCATE' THEN
-    DELETE FROM archive_stamp_counts;
-  ELSIF TG_OP = 'INSERT' THEN
-    INSERT INTO archive_stamp_counts AS c (stamp_key, stamp, status, n)
-    SELECT k, s, st, sum(d) FROM (
-      SELECT '', '', '', count(*) FROM new_rows
-      UNION ALL
-      SELECT e.key, COALESCE(e.value->>'stamp', ''), COALESCE(e.value->>'status', ''), 1
-        FROM new_rows, jsonb_each(CASE WHEN jsonb_typeof(new_rows.execution_log) = 'object'
-                                    THEN new_rows.execution_log ELSE '{}'::jsonb END) e
-    ) AS delta(k, s, st, d)
-    GROUP BY k, s, st HAVING sum(d) <> 0
-    ORDER BY k, s, st
-    ON CONFLICT (stamp_key, stamp, status) DO UPDATE SET n = c.n + EXCLUDED.n;
-  ELSIF TG_OP = 'DELETE' THEN
-    INSERT INTO archive_stamp_counts AS c (stamp_key, stamp, status, n)
-    SELECT k, s, st, sum(d) FROM (
-      SELECT '', '', '', -count(*) FROM old_rows
-      UNION ALL
-      SELECT e.key, COALESCE(e.value->>'stamp', ''), COALESCE(e.value->>'status', ''), -1
-        FROM old_rows, jsonb_each(CASE WHEN jsonb_typeof(old_rows.execution_log) = 'object'
-                                    THEN old_rows.execution_log ELSE '{}'::jsonb END) e
-    ) AS delta(k, s, st, d)
-    GROUP BY k, s, st HAVING sum(d) <> 0
-    ORDER BY k, s, st
-    ON CONFLICT (stamp_key, stamp, status) DO UPDATE SET n = c.n + EXCLUDED.n;
-  ELSE
-    INSERT INTO archive_stamp_counts AS c (stamp_key, stamp, status, n)
-    SELECT k, s, st, sum(d) FROM (
-      SELECT e.key, COALESCE(e.value->>'stamp', ''), COALESCE(e.value->>'status', ''), 1
-        FROM new_rows, jsonb_each(CASE WHEN jsonb_typeof(new_rows.execution_log) = 'object'
-                                    THEN new_rows.execution_log ELSE '{}'::jsonb END) e
-      UNION ALL
-      SELECT e.key, COALESCE(e.value->>'stamp', ''), COALESCE(e.value->>'status', ''), -1
-        FROM old_rows, jsonb_each(CASE WHEN jsonb_typeof(old_rows.execution_log) = 'object'
-                                    THEN old_rows.execution_log ELSE '{}'::jsonb END) e
-    ) AS delta(k, s, st, d)
-    GROUP BY k, s, st HAVING sum(d) <> 0
-    ORDER BY k, s, st
-    ON CONFLICT (stamp_key, stamp, status) DO UPDATE SET n = c.n + EXCLUDED.n;
-  END IF;
-  RETURN NULL;
-END
-$fn$;
-
-CREATE TRIGGER trg_archive_stamp_counts_insert AFTER INSERT ON archive_documents
-  REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION archive_stamp_counts_apply();
-CREATE TRIGGER trg_archive_stamp_counts_update AFTER UPDATE ON archive_documents
-  REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION archive_stamp_counts_apply();
-CREATE TRIGGER trg_archive_stamp_counts_delete AFTER DELETE ON archive_documents
-  REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION archive_stamp_counts_apply();
-CREATE TRIGGER trg_archive_stamp_counts_truncate AFTER TRUNCATE ON archive_documents
-  FOR EACH STATEMENT EXECUTE FUNCTION archive_stamp_counts_apply();
-"""
-
-
 def upgrade() -> None:
     op.execute(ENUMS)
     op.execute(FINGERPRINT_FUNCTION)
+    op.execute(STAMP_FUNCTIONS)
     op.execute(TABLES)
-    op.execute(STAMP_COUNTS)
 
 
 def downgrade() -> None:
     op.execute(
         """
-        DROP TABLE IF EXISTS archive_stamp_counts, archive_review_queue, archive_cleaning_rules, archive_document_typologies,
+        DROP TABLE IF EXISTS archive_review_queue, archive_cleaning_rules, archive_document_typologies,
             archive_typologies, archive_entity_exclusions, archive_entity_stopwords,
             archive_document_entities, archive_entities, archive_document_embeddings,
             archive_documents, archive_worker_runs, archive_worker_setting_revisions,
             archive_worker_settings, archive_worker_schedules, archive_worker_runners,
             auth_sessions, auth_users;
         DROP FUNCTION IF EXISTS archive_error_fingerprint(text);
-        DROP FUNCTION IF EXISTS archive_stamp_counts_apply();
+        DROP FUNCTION IF EXISTS archive_quality_stamp(text, text, text, text, text, date, date, jsonb);
+        DROP FUNCTION IF EXISTS archive_text_stamp(text, text, text, text);
+        DROP FUNCTION IF EXISTS archive_composed_text(text, text, text, text);
         DROP TYPE IF EXISTS cleaning_rule_kind, document_status, user_role, worker_run_trigger,
             worker_run_status;
         """

@@ -1,18 +1,18 @@
 """The API's one seam onto the worker catalogue (``scrinalia.domains.archive.workers``).
 
-Everything the API needs from a ``WorkerSpec`` goes through here: its public description (engines,
-presets, options), the validation of a request or of settings (the catalogue's resolver raises typed
-errors naming the field), the effective settings, and the unit counts. Attributes the catalogue may or
-may not declare (``engines``, ``presets``, ``pending_count``...) are read with ``getattr`` so this file
-is the only place to touch when the catalogue's shape moves. Nothing here imports torch, transformers
-or ``runner``: a catalogue engine module must import them lazily.
+Everything the API needs from a ``WorkerSpec`` goes through here: its public description
+(``spec.signature()``: engines, presets, options), the validation of a request or of settings (the
+catalogue's resolver, ``spec.resolve``, raises ``WorkerConfigError``s naming the field), the effective
+settings (the same resolver with an empty request), and the unit counts (the workers' stamp queues, all
+in ONE statement). Nothing here imports torch, transformers or ``runner``: engine modules load lazily.
 """
 from __future__ import annotations
 
-import dataclasses
-import enum
 import logging
-from collections.abc import Callable, Mapping
+import threading
+import time
+from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Engine, text
@@ -35,75 +35,39 @@ def load() -> Catalogue:
 # --- description ----------------------------------------------------------------------------------
 
 
-def _jsonable(value: Any, depth: int = 0) -> Any:
-    """A JSON-safe rendering of catalogue metadata (dataclasses, enums, tuples); callables dropped."""
-    if depth > 6:
-        return None
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, type):
-        return value.__name__
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: _jsonable(getattr(value, f.name), depth + 1)
-            for f in dataclasses.fields(value)
-            if not f.name.startswith("_") and not callable(getattr(value, f.name))
-        }
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v, depth + 1) for k, v in value.items() if not callable(v)}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v, depth + 1) for v in value if not callable(v)]
-    if callable(value):
-        return None
-    return str(value)
-
-
-def _named_list(value: Any) -> list[dict[str, Any]]:
-    """Engines / presets / options as a list of objects with a ``name``, whatever container holds them."""
-    if not value:
-        return []
-    out: list[dict[str, Any]] = []
-    items = value.items() if isinstance(value, Mapping) else ((None, v) for v in value)
-    for key, item in items:
-        rendered = _jsonable(item)
-        if not isinstance(rendered, dict):
-            rendered = {"value": rendered}
-        if "name" not in rendered or rendered["name"] is None:
-            rendered = {"name": str(key if key is not None else rendered.get("value")), **rendered}
-        out.append(rendered)
-    return out
-
-
-def engines_of(spec: WorkerSpec) -> list[dict[str, Any]]:
-    return _named_list(getattr(spec, "engines", None))
-
-
-def presets_of(spec: WorkerSpec) -> list[dict[str, Any]]:
-    presets = _named_list(getattr(spec, "presets", None))
-    if not presets:  # presets may be declared per engine
-        for engine in engines_of(spec):
-            for preset in _named_list(engine.get("presets")):
-                presets.append({"engine": engine["name"], **preset})
-    return presets
-
-
 def describe(spec: WorkerSpec) -> dict[str, Any]:
+    """The worker's declaration, with engines, presets and options as lists (easy to render)."""
+    sig = spec.signature()
+    engines = []
+    presets = []
+    for name, engine in (sig.get("engines") or {}).items():
+        engine_presets = engine.get("presets") or {}
+        engines.append({
+            "name": name,
+            "description": engine.get("description", ""),
+            "default": name == sig.get("default_engine"),
+            "default_preset": engine.get("default_preset"),
+            "presets": sorted(engine_presets),
+            "options": [{"name": k, **v} for k, v in (engine.get("options") or {}).items()],
+            "accepts_extra_options": engine.get("accepts_extra_options", False),
+        })
+        for preset_name, preset in engine_presets.items():
+            presets.append({"engine": name, "name": preset_name, **preset})
     return {
-        "name": spec.name,
-        "label": spec.label,
-        "description": spec.description,
-        "unit": spec.unit,
-        "governed": spec.governed,
-        "engine_source": spec.engine_source,
-        "stamp_key": spec.stamp_key,
-        "requires": list(spec.requires),
-        "default_batch_size": spec.default_batch_size,
-        "accepts_extra_options": spec.accepts_extra_options,
-        "engines": engines_of(spec),
-        "presets": presets_of(spec),
-        "options": _named_list(spec.options),
+        "name": sig["name"],
+        "label": sig["label"],
+        "description": sig["description"],
+        "unit": sig["unit"],
+        "governed": sig["governed"],
+        "engine_source": sig["engine_source"],
+        "stamp_key": sig.get("stamp_key"),
+        "requires": list(sig.get("requires") or ()),
+        "default_batch_size": sig["default_batch_size"],
+        "accepts_extra_options": sig.get("accepts_extra_options", False),
+        "default_engine": sig.get("default_engine"),
+        "engines": engines,
+        "presets": presets,
+        "options": [{"name": k, **v} for k, v in (sig.get("options") or {}).items()],
     }
 
 
@@ -111,130 +75,164 @@ def describe(spec: WorkerSpec) -> dict[str, Any]:
 
 
 def _field_error(exc: BaseException) -> InvalidRunRequest | None:
-    """The catalogue's typed errors carry the field; normalise them to ``InvalidRunRequest``."""
+    """The catalogue's typed errors carry the field; normalise anything else that does too."""
     if isinstance(exc, InvalidRunRequest):
         return exc
     field = getattr(exc, "field", None)
     if isinstance(field, str) and field:
-        message = getattr(exc, "message", None) or str(exc)
-        return InvalidRunRequest(field, str(message))
+        return InvalidRunRequest(field, str(getattr(exc, "message", None) or exc))
     return None
 
 
-def _generic_checks(spec: WorkerSpec, request: Mapping[str, Any]) -> None:
-    engine_names = {e["name"] for e in engines_of(spec)}
-    engine_name = request.get("engine_name")
-    if engine_name is not None:
-        if spec.engine_source == "none" and not engine_names:
-            raise InvalidRunRequest("engine_name", f"worker {spec.name!r} has no engine to choose")
-        if spec.engine_source == "llm_check_rule":
-            raise InvalidRunRequest("engine_name", "is taken from the active LLM_CHECK rule, not from the request")
-        if engine_names and engine_name not in engine_names:
-            raise InvalidRunRequest(
-                "engine_name", f"unknown engine {engine_name!r} (expected one of {', '.join(sorted(engine_names))})"
-            )
-    preset = request.get("preset")
-    if preset is not None:
-        preset_names = {p["name"] for p in presets_of(spec) if engine_name is None or p.get("engine") in (None, engine_name)}
-        if preset not in preset_names:
-            expected = ", ".join(sorted(preset_names)) or "none"
-            raise InvalidRunRequest("preset", f"unknown preset {preset!r} (expected one of {expected})")
-    options = request.get("options") or {}
-    if not spec.accepts_extra_options:
-        unknown = sorted(set(options) - set(spec.options))
-        if unknown:
-            expected = ", ".join(sorted(spec.options)) or "none"
-            raise InvalidRunRequest(f"options.{unknown[0]}", f"is not an option of {spec.name} (expected one of {expected})")
-    for name, value in options.items():
-        option = spec.options.get(name)
-        checker: Callable[[Any], Any] | None = getattr(option, "validate", None) or getattr(option, "coerce", None)
-        if checker is not None:
-            try:
-                checker(value)
-            except Exception as exc:  # noqa: BLE001 - the option's own message, attached to its field
-                raise InvalidRunRequest(f"options.{name}", getattr(exc, "message", None) or str(exc)) from None
-
-
 def validate_run_request(spec: WorkerSpec, engine: Engine, request: Mapping[str, Any]) -> dict[str, Any]:
-    """The clean request, or ``InvalidRunRequest`` naming the field. Uses the catalogue's resolver
-    (explicit > persisted > default) when the worker has one, so what the API accepts is what runs."""
+    """The clean request, or ``InvalidRunRequest`` naming the field. The catalogue's resolver decides
+    (explicit > persisted > default), so what the API accepts is what a runner can resolve at claim."""
     clean = validate_request(request)
-    _generic_checks(spec, clean)
-    if spec.resolver is not None:
-        try:
-            spec.resolve(engine, clean)
-        except Exception as exc:  # noqa: BLE001
-            field_error = _field_error(exc)
-            if field_error is not None:
-                raise field_error from None
-            raise
+    try:
+        spec.resolve(engine, clean)
+    except Exception as exc:  # noqa: BLE001
+        field_error = _field_error(exc)
+        if field_error is not None:
+            raise field_error from None
+        raise
     return clean
 
 
 def validate_settings(spec: WorkerSpec, engine: Engine, values: Mapping[str, Any]) -> dict[str, Any]:
-    """Settings have a request's shape and rules."""
-    return validate_run_request(spec, engine, {k: v for k, v in values.items() if v is not None})
+    """Settings have a request's shape and rules; validated on their own (no persisted layer under them)."""
+    clean = validate_request({k: v for k, v in values.items() if v is not None})
+    try:
+        spec.resolve(None, clean)
+    except Exception as exc:  # noqa: BLE001
+        field_error = _field_error(exc)
+        if field_error is not None:
+            raise field_error from None
+        raise
+    return clean
 
 
-def effective_settings(spec: WorkerSpec, persisted: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What a run with an empty request would use: persisted settings over the signature defaults.
-
-    Computed from data already read (no statement per worker); the runner's resolver, at claim, is the
-    truth and writes it on the run.
-    """
-    persisted = persisted or {}
-    default_engine = getattr(spec, "default_engine", None)
-    if default_engine is None:
-        engines = engines_of(spec)
-        flagged = [e["name"] for e in engines if e.get("default")]
-        default_engine = flagged[0] if flagged else (engines[0]["name"] if engines else None)
-    options = {name: _jsonable(getattr(opt, "default", None)) for name, opt in spec.options.items()
-               if getattr(opt, "default", None) is not None}
-    options.update(persisted.get("options") or {})
-    return {
-        "engine_name": persisted.get("engine_name") or (None if spec.engine_source == "llm_check_rule" else default_engine),
-        "preset": persisted.get("preset") or getattr(spec, "default_preset", None),
-        "db_batch_size": persisted.get("db_batch_size") or spec.default_batch_size,
-        "options": options,
-        "engine_options": dict(persisted.get("engine_options") or {}),
-        "source": "settings" if persisted else "defaults",
-    }
+def effective_settings(spec: WorkerSpec, engine: Engine | None) -> dict[str, Any]:
+    """What a run with an empty request would use now (the resolver over persisted settings and
+    defaults), with the source of each field. An unresolvable configuration is reported, not raised."""
+    try:
+        resolved = spec.resolve(engine, {})
+    except Exception as exc:  # noqa: BLE001 - e.g. no active LLM_CHECK rule: shown to the operator
+        field_error = _field_error(exc)
+        return {"error": {"field": getattr(field_error, "field", None),
+                          "message": field_error.message if field_error else type(exc).__name__}}
+    out = resolved.to_json()
+    return out
 
 
 # --- counts ---------------------------------------------------------------------------------------
 
-_STAMP_COUNTS = text(
-    "SELECT stamp_key, status, sum(n) AS n FROM archive_stamp_counts WHERE n <> 0 GROUP BY stamp_key, status"
-)
+_EMPTY = {"pending": None, "processed": None, "failed": None}
+
+
+def _queue_columns(i: int, queue: Any) -> list[str] | None:
+    """The pending and failed sub-selects of one stamp queue (the catalogue's own conditions)."""
+    from scrinalia.domains.archive.workers import stamps
+
+    if not hasattr(queue, "pending") or not hasattr(queue, "key"):
+        return None
+    pending = queue.pending("d")
+    if getattr(queue, "per_rule", False):
+        failed_cond = f"jsonb_path_exists(d.execution_log, '$.{queue.key}.*.status ? (@ == \"ERROR\")')"
+    else:
+        failed_cond = f"(d.execution_log #>> '{{{queue.key},status}}') = 'ERROR'"
+    governed = "AND d.status <> 'HUMAN_APPROVED'" if getattr(queue, "governed", False) else ""
+    return [
+        f"(SELECT count(*) FROM archive_documents AS d WHERE {pending}) AS pending_{i}",
+        f"(SELECT count(*) FROM archive_documents AS d WHERE {stamps.ANY_ERROR_SQL.format(a='d')} "
+        f"AND {failed_cond} {governed} AND NOT ({pending})) AS failed_{i}",
+    ]
 
 
 def unit_counts(engine: Engine, catalogue: Catalogue) -> dict[str, dict[str, int | None]]:
-    """pending / processed / failed per worker, from ``archive_stamp_counts`` (ONE statement, a few rows,
-    kept by triggers on archive_documents). processed = units stamped DONE, failed = stamped ERROR,
-    pending = documents not DONE. A worker whose pending is narrower than "every document" declares
-    ``pending_count(engine)`` and that is used instead (at its own cost)."""
-    with engine.connect() as conn:
-        rows = conn.execute(_STAMP_COUNTS).all()
-    by_key: dict[str, dict[str, int]] = {}
-    for row in rows:
-        by_key.setdefault(row.stamp_key, {})[row.status] = int(row.n)
-    total = by_key.get("", {}).get("", 0)
+    """pending / processed / failed per worker, by the catalogue's definitions (``StampQueue.counts``),
+    computed for ALL workers in one statement: each pending count goes through its partial index
+    (cost grows with the backlog), failed through ix_documents_stamp_errors, and the eligible totals
+    are one shared count. A worker whose queue is of another kind answers ``spec.counts`` itself."""
+    columns: list[str] = []
+    indexed: dict[str, int] = {}
     out: dict[str, dict[str, int | None]] = {}
-    for name, spec in catalogue.items():
-        key = spec.stamp_key
-        if key is None:
-            out[name] = {"pending": None, "processed": None, "failed": None}
+    for i, (name, spec) in enumerate(catalogue.items()):
+        queue = getattr(spec, "queue", None)
+        if queue is None:
+            out[name] = dict(_EMPTY)
             continue
-        stamps = by_key.get(key, {})
-        processed = stamps.get("DONE", 0)
-        failed = stamps.get("ERROR", 0)
-        pending: int | None = max(0, total - processed)
-        counter = getattr(spec, "pending_count", None)
-        if callable(counter):
+        parts = _queue_columns(i, queue)
+        if parts is None:
             try:
-                pending = int(counter(engine))
-            except Exception:  # noqa: BLE001 - a worker's counter must not take the screen down
-                log.exception("pending_count of worker %s failed", name)
-                pending = None
-        out[name] = {"pending": pending, "processed": processed, "failed": failed}
+                out[name] = dict(spec.counts(engine) or _EMPTY)
+            except Exception:  # noqa: BLE001 - one worker's counter must not take the screen down
+                log.exception("counts of worker %s failed", name)
+                out[name] = dict(_EMPTY)
+            continue
+        indexed[name] = i
+        columns += parts
+    if indexed:
+        sql = (
+            "SELECT totals.*, " + ", ".join(columns) + " FROM (SELECT count(*) AS total, "
+            "count(*) FILTER (WHERE status <> 'HUMAN_APPROVED') AS governed FROM archive_documents) AS totals"
+        )
+        with engine.connect() as conn:
+            row = conn.execute(text(sql)).one()._mapping
+        for name, i in indexed.items():
+            spec = catalogue[name]
+            eligible = row["governed"] if getattr(spec.queue, "governed", False) else row["total"]
+            pending, failed = int(row[f"pending_{i}"]), int(row[f"failed_{i}"])
+            out[name] = {"pending": pending, "failed": failed, "processed": max(0, int(eligible) - pending - failed)}
     return out
+
+
+class CountsCache:
+    """Stale-while-revalidate for ``unit_counts``, per process.
+
+    The counts are the one part of GET /system/workers whose cost grows with the archive (a backlog
+    scan per worker, and a sequential scan for the per-rule cleaning queue), so they are not computed on
+    every poll: an answer older than ``max_age`` seconds is still served (with ``counts_as_of``) while ONE
+    background thread of this process recomputes it. The first request of a process computes them
+    inline. ``max_age`` 0 computes them on every request. Nothing is shared between processes: the
+    cache only saves work, it never decides anything.
+    """
+
+    def __init__(self, max_age_seconds: float) -> None:
+        self.max_age = max_age_seconds
+        self._lock = threading.Lock()
+        self._value: dict[str, dict[str, int | None]] | None = None
+        self._as_of: datetime | None = None
+        self._computed_at = 0.0
+        self._refreshing = False
+
+    def _compute(self, engine: Engine, catalogue: Catalogue) -> None:
+        try:
+            value = unit_counts(engine, catalogue)
+        except Exception:  # noqa: BLE001 - keep the last value; log the class only
+            log.exception("unit counts failed")
+            with self._lock:
+                self._refreshing = False
+            return
+        with self._lock:
+            self._value, self._as_of, self._computed_at = value, datetime.now(timezone.utc), time.monotonic()
+            self._refreshing = False
+
+    def get(self, engine: Engine, catalogue: Catalogue) -> tuple[dict[str, dict[str, int | None]], datetime | None]:
+        if self.max_age <= 0:
+            return unit_counts(engine, catalogue), datetime.now(timezone.utc)
+        with self._lock:
+            value, as_of = self._value, self._as_of
+            stale = time.monotonic() - self._computed_at > self.max_age
+            start = value is not None and stale and not self._refreshing
+            if start:
+                self._refreshing = True
+        if value is None:
+            self._compute(engine, catalogue)
+            with self._lock:
+                value, as_of = self._value, self._as_of
+            if value is None:
+                return {name: dict(_EMPTY) for name in catalogue}, None
+        elif start:
+            threading.Thread(target=self._compute, args=(engine, catalogue), daemon=True,
+                             name="scrinalia-counts").start()
+        return {name: value.get(name, dict(_EMPTY)) for name in catalogue}, as_of

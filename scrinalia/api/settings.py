@@ -19,8 +19,7 @@ class ApiSettings(BaseSettings):
         env_prefix="API_", env_file=None, extra="ignore", hide_input_in_errors=True, case_sensitive=False
     )
 
-    # --- the session cookie ---
-    cookie_name: str = Field(default="scrinalia_session", pattern=r"^[A-Za-z0-9_\-]{1,64}$")
+    # --- the session cookie (scrinalia_session) ---
     cookie_secure: bool = Field(default=True, description="Send the cookie over HTTPS only (turn off for plain-HTTP development)")
     cookie_samesite: Literal["lax", "strict"] = "strict"
     session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
@@ -39,8 +38,9 @@ class ApiSettings(BaseSettings):
     runs_page_max: int = Field(default=200, ge=1, le=1000)
     failures_max_days: int = Field(default=365, ge=1, le=3650)
     metrics_enabled: bool = True
-    counts_statement_timeout_ms: int = Field(
-        default=5_000, ge=0, le=600_000, description="Cap on the worker counts statement (0: none)"
+    counts_max_age_seconds: float = Field(
+        default=15.0, ge=0, le=3600,
+        description="Serve the per-worker unit counts up to this old while one thread refreshes them (0: every request)",
     )
     ui_dir: str | None = Field(default=None, description="Static panel directory; default: ui/ of the checkout when present")
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -37,7 +36,7 @@ from sqlalchemy.engine import make_url
 
 DEFAULT_ADMIN_EMAIL = "admin@scrinalia.local"
 DATABASE_NAME = "scrinalia"
-_COLOURS = {"api": "\033[36m", "runner": "\033[35m", "dev": "\033[33m"}
+_COLOURS = {"api": "\033[36m", "runner": "\033[35m", "sched": "\033[32m", "dev": "\033[33m"}
 _RESET = "\033[0m"
 
 
@@ -51,7 +50,7 @@ _print_lock = threading.Lock()
 
 
 def _prefix(name: str) -> str:
-    label = f"{name:<6}| "
+    label = f"{name:<6} | "
     if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
         return f"{_COLOURS.get(name, '')}{label}{_RESET}"
     return label
@@ -118,7 +117,12 @@ def start_embedded_database(data_dir: Path) -> Database:
             cluster.start()
         except LocalClusterError as exc:
             raise DevError(f"the private PostgreSQL did not start: {exc} (log: {data_dir / 'postgres.log'})")
-        stop = lambda: cluster.stop("fast")  # noqa: E731
+
+        def stop() -> None:
+            cluster.stop("fast")
+            if (cluster.data_dir / "postmaster.pid").exists():
+                raise DevError(f"PostgreSQL under {cluster.data_dir} may still be running: its pg_ctl could not stop "
+                               f"it (is the directory still readable by the postgres user?)")
     url = _ensure_database(cluster.url("postgres"), DATABASE_NAME)
     what = "new" if fresh else "existing"
     return Database(url, f"private PostgreSQL ({what} data in {data_dir / 'pgdata'}, port {cluster.port})", stop)
@@ -225,7 +229,7 @@ class Managed:
     def poll(self) -> int | None:
         return self.proc.poll()
 
-    def signal(self, signum: int) -> None:
+    def send(self, signum: int) -> None:
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signum)
@@ -234,12 +238,12 @@ class Managed:
 
     def stop(self, timeout: float, signum: int = signal.SIGTERM) -> int | None:
         """SIGTERM, wait up to ``timeout``, then SIGKILL the process group."""
-        self.signal(signum)
+        self.send(signum)
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             say(f"{self.name} did not stop within {timeout:.0f} s: killing it")
-            self.signal(signal.SIGKILL)
+            self.send(signal.SIGKILL)
             code = self.proc.wait(10)
         self.reader.join(2)
         return code
@@ -256,10 +260,15 @@ def child_env(database_url: str, extra: dict[str, str] | None = None) -> dict[st
 
 
 def api_argv(host: str, port: int) -> list[str]:
+    # uvicorn itself rather than `scrinalia api`, for --no-access-log: the panel polls every 5 s.
     return [
         sys.executable, "-m", "uvicorn", "scrinalia.api.app:create_app", "--factory",
-        "--host", host, "--port", str(port), "--no-access-log", "--log-level", "info",
+        "--host", host, "--port", str(port), "--no-access-log", "--log-level", "info", "--no-server-header",
     ]
+
+
+def scheduler_argv() -> list[str]:
+    return [sys.executable, "-m", "scrinalia.cli.main", "scheduler", "run"]
 
 
 def runner_argv(name: str, concurrency: int, capabilities: list[str] | None = None,
@@ -360,9 +369,10 @@ def _banner(url: str, admin: AdminOutcome, database: Database, workers: list[str
               help="E-mail of the admin created at the first run.")
 @click.option("--concurrency", type=int, default=2, show_default=True, help="The runner's --concurrency.")
 @click.option("--runner/--no-runner", default=True, show_default=True, help="Start a runner daemon.")
+@click.option("--scheduler/--no-scheduler", default=True, show_default=True, help="Start the scheduler.")
 @click.option("--demo/--no-demo", default=True, show_default=True, help="Load the demo collection.")
 def command(port: int, host: str, data_dir: Path, admin_email: str, concurrency: int, runner: bool,
-            demo: bool) -> None:
+            scheduler: bool, demo: bool) -> None:
     """Run everything locally: PostgreSQL, migrations, demo data, an admin, the API with the panel, a runner.
 
     With DATABASE_URL set, that database is used and no private PostgreSQL is started.
@@ -394,13 +404,15 @@ def command(port: int, host: str, data_dir: Path, admin_email: str, concurrency:
         database = start_embedded_database(data_dir)
     processes: list[Managed] = []
     try:
-        _prepare_and_run(database, host, port, admin_email, concurrency, runner, demo, stopping, processes)
+        _prepare_and_run(database, host, port, admin_email, concurrency, runner, scheduler, demo, stopping,
+                         processes)
     finally:
         for proc in reversed(processes):  # the runner first (it drains), then the API
             if proc.poll() is None:
                 say(f"stopping {proc.name} (pid {proc.pid})")
             code = proc.stop(timeout=40 if proc.name == "runner" else 15)
-            say(f"{proc.name} stopped (exit {code})")
+            clean = code in (0, -signal.SIGTERM, 128 + signal.SIGTERM)
+            say(f"{proc.name} stopped" + ("" if clean else f" (exit {code})"))
         if not external:
             say("stopping PostgreSQL")
             try:
@@ -411,7 +423,8 @@ def command(port: int, host: str, data_dir: Path, admin_email: str, concurrency:
 
 
 def _prepare_and_run(database: Database, host: str, port: int, admin_email: str, concurrency: int,
-                     runner: bool, demo: bool, stopping: threading.Event, processes: list[Managed]) -> None:
+                     runner: bool, scheduler: bool, demo: bool, stopping: threading.Event,
+                     processes: list[Managed]) -> None:
     from scrinalia.db import migrate
     from scrinalia.db.engine import create_engine_from_url
 
@@ -440,7 +453,11 @@ def _prepare_and_run(database: Database, host: str, port: int, admin_email: str,
     workers = _catalogue_names()
     if runner:
         name = f"dev-{socket.gethostname()}"
-        processes.append(Managed("runner", runner_argv(name, concurrency), env))
+        # The progress reaches the ledger with each heartbeat: 5 s matches the panel's 5 s poll.
+        timings = ["--heartbeat", "5", "--lease", "30", "--poll", "1", "--drain-timeout", "30"]
+        processes.append(Managed("runner", runner_argv(name, concurrency, extra=timings), env))
+    if scheduler:
+        processes.append(Managed("sched", scheduler_argv(), env))
     for line in _banner(url, admin, database, workers):
         say(line)
     admin.password = None  # printed once
@@ -452,7 +469,3 @@ def _prepare_and_run(database: Database, host: str, port: int, admin_email: str,
                 stopping.set()
                 say(f"{proc.name} exited unexpectedly (exit {code}); stopping the rest")
                 raise SystemExit(1)
-
-
-def which(name: str) -> str | None:
-    return shutil.which(name)

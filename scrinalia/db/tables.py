@@ -273,6 +273,24 @@ archive_documents = Table(
     Column("created_at", TS, nullable=False, server_default=func.now()),
     Column("updated_at", TS, nullable=False, server_default=func.now()),
     Index("ix_documents_status", "status"),
+    # The document workers' queues (scrinalia/domains/archive/workers/stamps.py): one partial index per
+    # stamp key whose predicate is the worker's pending condition, so a pending count is index-only.
+    Index("ix_documents_title_normalized", func.lower(func.btrim(text("title")))),
+    Index("ix_documents_pending_embedding", "id", postgresql_where=text(
+        "(execution_log #>> '{embedding,stamp}') IS DISTINCT FROM "
+        "archive_text_stamp(title, scope_and_content, admin_biographical_history, provenance)")),
+    Index("ix_documents_pending_ner", "id", postgresql_where=text(
+        "status <> 'HUMAN_APPROVED' AND (execution_log #>> '{ner,stamp}') IS DISTINCT FROM "
+        "archive_text_stamp(title, scope_and_content, admin_biographical_history, provenance)")),
+    Index("ix_documents_pending_typology", "id", postgresql_where=text(
+        "status <> 'HUMAN_APPROVED' AND (execution_log #>> '{typology,stamp}') IS DISTINCT FROM md5(title)")),
+    Index("ix_documents_pending_quality", "id", postgresql_where=text(
+        "status <> 'HUMAN_APPROVED' AND (execution_log #>> '{quality-validator,stamp}') IS DISTINCT FROM "
+        "archive_quality_stamp(title, scope_and_content, admin_biographical_history, provenance, "
+        "date_text, date_start, date_end, execution_log)")),
+    Index("ix_documents_stamp_errors", "id", postgresql_where=text(
+        "(jsonb_path_exists(execution_log, '$.*.status ? (@ == \"ERROR\")') "
+        "OR jsonb_path_exists(execution_log, '$.cleaning.*.status ? (@ == \"ERROR\")'))")),
 )
 
 archive_document_embeddings = Table(
@@ -384,16 +402,4 @@ archive_review_queue = Table(
     Column("resolved_by", Text),
     Index("uq_review_open_per_document", "document_id", unique=True,
           postgresql_where=text("resolved_at IS NULL")),
-)
-
-# Per-worker unit counts, kept by statement-level triggers on archive_documents (see the migration):
-# one row per (execution_log key, stamp, status) with its number of documents; stamp_key '' counts
-# the documents themselves. GET /system/workers reads it instead of scanning the archive.
-archive_stamp_counts = Table(
-    "archive_stamp_counts",
-    metadata,
-    Column("stamp_key", Text, primary_key=True),
-    Column("stamp", Text, primary_key=True),
-    Column("status", Text, primary_key=True),
-    Column("n", BigInteger, nullable=False, server_default=text("0")),
 )

@@ -3,5 +3,5 @@ export const AUTH = {
   login: '/auth/login',
   logout: '/auth/logout',
   me: '/auth/me',
-  password: '/auth/password',
+  password: '/auth/change-password',
 };

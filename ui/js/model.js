@@ -56,12 +56,20 @@ export function engineList(raw) {
 }
 
 export function normaliseWorker(w) {
-  const settings = pick(w, 'effective', 'effective_settings', 'settings', 'config') || {};
+  let settings = pick(w, 'settings') || {};
+  if (settings.effective && typeof settings.effective === 'object') settings = settings.effective;
   const counts = pick(w, 'counts') || {};
   const engines = engineList(pick(w, 'engines', 'available_engines'));
-  const presetsTop = pick(w, 'presets');
-  if (presetsTop && engines.length === 0) {
-    engines.push({ name: settings.engine_name || 'default', presets: Array.isArray(presetsTop) ? presetsTop : Object.keys(presetsTop), default_preset: null });
+  // Presets: a top-level list of {name, engine?} (engine null: any engine), or per engine.
+  const presets = [];
+  for (const p of pick(w, 'presets') || []) {
+    if (typeof p === 'string') presets.push({ name: p, engine: null });
+    else if (p && p.name) presets.push({ name: p.name, engine: p.engine ?? null, description: p.description || '' });
+  }
+  for (const e of engines) {
+    for (const name of e.presets) {
+      if (!presets.some((p) => p.name === name && (p.engine === e.name || p.engine === null))) presets.push({ name, engine: e.name });
+    }
   }
   const active = pick(w, 'active_run', 'active');
   const last = pick(w, 'last_run', 'last');
@@ -78,6 +86,7 @@ export function normaliseWorker(w) {
     batchSize: pick(settings, 'db_batch_size', 'batch_size') ?? pick(w, 'default_batch_size'),
     settingsSource: pick(settings, 'source', 'sources'),
     engines,
+    presets,
     engineSource: w.engine_source || null,
     options: optionSpecs(pick(w, 'option_specs', 'options_spec', 'options', 'signature')),
     acceptsExtra: Boolean(w.accepts_extra_options),
@@ -132,6 +141,9 @@ export function eta(run) {
   const { done, total } = progressOf(run);
   if (!total || done >= total) return null;
   if (run.progress?.eta_seconds !== undefined && run.progress?.eta_seconds !== null) return run.progress.eta_seconds * 1000;
+  // The runner reports the worker's own rate (units per second): the best estimate there is.
+  const reported = Number(run.progress?.rate);
+  if (Number.isFinite(reported) && reported > 0) return ((total - done) / reported) * 1000;
   const id = run.run_id;
   const now = serverNow();
   let list = samples.get(id);

@@ -61,6 +61,8 @@ export function mount(main, route, ctx) {
 
   let cursor = null;
   let rows = [];
+  let firstPage = [];
+  let older = [];
 
   function apiParams(extra) {
     return api.query({
@@ -97,14 +99,17 @@ export function mount(main, route, ctx) {
         r.error_fingerprint ? h('a.small', { href: `#/runs?fingerprint=${encodeURIComponent(r.error_fingerprint)}`, title: r.error_fingerprint }, 'same fingerprint') : null));
   }
 
+  function combine() {
+    const ids = new Set(firstPage.map((r) => r.run_id));
+    rows = firstPage.concat(older.filter((r) => !ids.has(r.run_id)));
+  }
+
   async function refresh() {
-    // Re-read the first page; keep the older pages already loaded below it.
+    // Re-read the first page; the older pages already loaded stay below it.
     const data = await api.get(`/system/runs${apiParams()}`);
-    const first = items(data, 'runs');
-    const ids = new Set(first.map((r) => r.run_id));
-    const olderLoaded = rows.length > first.length ? rows.filter((r) => !ids.has(r.run_id)).slice(first.length - rows.length) : [];
-    rows = first.concat(olderLoaded.filter((r) => !ids.has(r.run_id)));
-    if (!olderLoaded.length) cursor = nextCursor(data);
+    firstPage = items(data, 'runs');
+    if (!older.length) cursor = nextCursor(data);
+    combine();
     render();
     return activityOf(rows.map((r) => r.status));
   }
@@ -115,9 +120,9 @@ export function mount(main, route, ctx) {
     try {
       const data = await api.get(`/system/runs${apiParams(cursorParam(cursor))}`);
       const page = items(data, 'runs');
-      const ids = new Set(rows.map((r) => r.run_id));
-      rows = rows.concat(page.filter((r) => !ids.has(r.run_id)));
+      older = older.concat(page);
       cursor = nextCursor(data);
+      combine();
       render();
       announce(`${page.length} older runs loaded`);
     } finally {

@@ -62,14 +62,15 @@ export function mount(main, _route, ctx) {
     const titleId = `worker-${w.name}-title`;
     const badge = h('span.badge');
     const status = h('div.worker-status');
+    const form = ctx.canOperate() ? buildForm(w) : null;
     const el = h('article.card.worker', { role: 'listitem', 'aria-labelledby': titleId, dataset: { worker: w.name } },
       h('div.worker-head',
         h('div', h('h2', { id: titleId }, w.label), h('div.name', w.name)),
         badge),
       w.description ? h('p.desc', w.description) : null,
       status,
-      ctx.canOperate() ? buildForm(w) : null);
-    return { el, badge, status, worker: w };
+      form);
+    return { el, badge, status, form, worker: w };
   }
 
   function updateCard(card, w) {
@@ -80,6 +81,12 @@ export function mount(main, _route, ctx) {
     card.el.dataset.state = state;
     card.badge.className = `badge ${state === 'failed' ? 'failed' : state}`;
     card.badge.textContent = STATE_LABEL[state];
+    // One slot per worker: while a run holds it, another Run would only get a 409.
+    const submit = card.form?.querySelector('button[type="submit"]');
+    if (submit) {
+      submit.disabled = Boolean(w.active);
+      submit.title = w.active ? 'A run is active: wait for it to end, or cancel it' : '';
+    }
     replace(card.status,
       w.active ? activeBlock(w) : null,
       h('div.counts', { 'aria-label': 'Counts' },
@@ -197,19 +204,18 @@ export function mount(main, _route, ctx) {
     for (const e of w.engines) engineSel.append(h('option', { value: e.name }, e.name));
     const presetSel = h('select');
     const fillPresets = () => {
-      const chosen = w.engines.find((e) => e.name === (engineSel.value || w.engine)) || w.engines[0];
+      const engine = engineSel.value || w.engine;
       const keep = presetSel.value;
       replace(presetSel, h('option', { value: '' }, `Default${w.preset && !engineSel.value ? ` (${w.preset})` : ''}`));
-      for (const p of chosen?.presets || []) presetSel.append(h('option', { value: p }, p));
+      for (const p of w.presets) {
+        if (p.engine === null || p.engine === engine) presetSel.append(h('option', { value: p.name }, p.name));
+      }
       if ([...presetSel.options].some((o) => o.value === keep)) presetSel.value = keep;
     };
     fillPresets();
     engineSel.addEventListener('change', fillPresets);
-    const hasEngines = w.engines.length > 0;
-    if (hasEngines) {
-      fields.engine_name = field({ label: 'Engine', name: 'engine_name', control: engineSel });
-      fields.preset = field({ label: 'Preset', name: 'preset', control: presetSel });
-    }
+    if (w.engines.length > 0) fields.engine_name = field({ label: 'Engine', name: 'engine_name', control: engineSel });
+    if (w.presets.length > 0) fields.preset = field({ label: 'Preset', name: 'preset', control: presetSel });
     fields.db_batch_size = field({
       label: 'Batch size', name: 'db_batch_size',
       hint: `${BATCH_MIN}–${BATCH_MAX}`,
@@ -230,7 +236,8 @@ export function mount(main, _route, ctx) {
           placeholder: o.default ?? '', inputmode: o.type.startsWith('int') ? 'numeric' : 'decimal',
         });
       } else {
-        control = h('input', { type: 'text', placeholder: o.default ?? '' });
+        const def = o.default === null || o.default === undefined ? '' : typeof o.default === 'object' ? JSON.stringify(o.default) : String(o.default);
+        control = h('input', { type: 'text', placeholder: def, spellcheck: 'false' });
       }
       const hintBits = [o.description, o.type, o.min !== null || o.max !== null ? `${o.min ?? '…'}–${o.max ?? '…'}` : null].filter(Boolean);
       const f = field({ label: o.name, name: `options.${o.name}`, hint: hintBits.join(' · '), control });
@@ -268,6 +275,14 @@ export function mount(main, _route, ctx) {
           else if (spec.min !== null && n < spec.min) errors[key] = `At least ${spec.min}.`;
           else if (spec.max !== null && n > spec.max) errors[key] = `At most ${spec.max}.`;
           else options[spec.name] = n;
+        } else if (spec.type === 'list' || spec.type === 'dict') {
+          try {
+            const v = JSON.parse(raw);
+            if (spec.type === 'list' ? !Array.isArray(v) : (typeof v !== 'object' || v === null || Array.isArray(v))) throw new Error();
+            options[spec.name] = v;
+          } catch {
+            errors[key] = spec.type === 'list' ? 'Enter a JSON list, e.g. ["a", "b"].' : 'Enter a JSON object, e.g. {"k": 1}.';
+          }
         } else options[spec.name] = raw;
       }
       if (Object.keys(options).length) body.options = options;

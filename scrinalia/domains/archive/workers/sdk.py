@@ -676,11 +676,17 @@ class RunContext:
              "batch": self.batch_index, "rate": round(done / elapsed, 3), **extra}
         )
 
-    def get_engine(self) -> Any:
-        """Load (once) the run's engine, as resolved; None for a worker without one."""
+    def get_engine(self, spec: WorkerSpec | None = None) -> Any:
+        """Load (once) the run's engine, as resolved; None for a worker without one.
+
+        ``spec`` is the worker's own spec, for a context built without one (the runner passes none).
+        """
+        if spec is not None and self.spec is None:
+            self.spec = spec
+            self.unit = spec.unit
         if not self._model_loaded:
             if self.spec is None:
-                raise RuntimeError("get_engine needs the RunContext's spec")
+                raise RuntimeError("get_engine needs the worker's spec")
             self._model = self.spec.get_engine(self.config)
             self._model_loaded = True
         return self._model

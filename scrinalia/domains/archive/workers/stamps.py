@@ -87,10 +87,13 @@ class StampQueue:
     def pending(self, alias: str = "d") -> str:
         """The pending condition (SQL over ``alias``): the same for the execution and for the count."""
         if self.per_rule:
+            # The active rules' signatures are computed once per statement (OFFSET 0 keeps the planner
+            # from flattening the subquery into a per-document md5), then one md5 per document and rule.
             cond = (
-                f"EXISTS (SELECT 1 FROM archive_cleaning_rules r WHERE {ACTIVE_REWRITE_RULES_SQL} "
-                f"AND ({alias}.execution_log #>> ARRAY['{self.key}', r.id::text, 'stamp']) "
-                f"IS DISTINCT FROM {rule_stamp_sql(alias)})"
+                f"EXISTS (SELECT 1 FROM (SELECT r.id::text AS rid, r.field, {rule_signature_sql('r')} AS sig "
+                f"FROM archive_cleaning_rules AS r WHERE {ACTIVE_REWRITE_RULES_SQL} OFFSET 0) AS rs "
+                f"WHERE ({alias}.execution_log -> '{self.key}' -> rs.rid ->> 'stamp') IS DISTINCT FROM "
+                f"md5(rs.sig || chr(31) || coalesce({field_value_sql(alias, 'rs')}, '')))"
             )
         else:
             cond = (

@@ -1,0 +1,216 @@
+"""The API on a big ledger: GET /api/v1/system/workers p50/p95 and POST enqueue p50.
+
+Seeds 1,000,000 finished runs (a year of history, ~10% failed with ~60 fingerprints), 100 runners
+(online, stale, stopped) and 100,000 documents whose stamps leave a realistic backlog per worker, then
+times the real app in-process (ASGI, bearer session lookup included) against the real catalogue.
+Targets: workers p50 <= 50 ms; enqueue p50 <= 10 ms. Run:
+    .venv/bin/python bench/bench_api.py [--runs 1000000] [--documents 100000] [--runners 100] [--samples 200]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sqlalchemy import text  # noqa: E402
+
+from bench._pg import bench_database, percentile  # noqa: E402
+from scrinalia.db.engine import create_engine_from_url  # noqa: E402
+
+SEED_DOCUMENTS = text(
+    """
+    INSERT INTO archive_documents (reference_code, title, scope_and_content, admin_biographical_history,
+                                   provenance, date_text, status)
+    SELECT 'PT/ARQ/' || g, 'Carta de ' || g || ' sobre a administracao', repeat('Ambito e conteudo ' || g || '. ', 8),
+           CASE WHEN g % 3 = 0 THEN 'Historia administrativa ' || g END, 'Proveniencia ' || (g % 50),
+           (1800 + g % 200)::text,
+           (ARRAY['DRAFT','PUBLISHED','NEEDS_REVIEW','HUMAN_APPROVED']::document_status[])[1 + g % 4]
+      FROM generate_series(1, :n) AS g
+    """
+)
+
+# Backlogs: embedding 10% pending, ner 20%, typology 30%, quality 40%; ~1% of units stamped ERROR.
+STAMP_DOCUMENTS = text(
+    """
+    UPDATE archive_documents AS d SET execution_log = jsonb_strip_nulls(jsonb_build_object(
+        'embedding', CASE WHEN d.id % 10 <> 0 THEN jsonb_build_object(
+            'stamp', archive_text_stamp(d.title, d.scope_and_content, d.admin_biographical_history, d.provenance),
+            'status', CASE WHEN d.id % 101 = 0 THEN 'ERROR' ELSE 'DONE' END, 'run_id', 'seed') END,
+        'ner', CASE WHEN d.id % 10 >= 2 THEN jsonb_build_object(
+            'stamp', archive_text_stamp(d.title, d.scope_and_content, d.admin_biographical_history, d.provenance),
+            'status', CASE WHEN d.id % 103 = 0 THEN 'ERROR' ELSE 'DONE' END, 'run_id', 'seed') END,
+        'typology', CASE WHEN d.id % 10 >= 3 THEN jsonb_build_object(
+            'stamp', md5(d.title), 'status', 'DONE', 'run_id', 'seed') END))
+    """
+)
+
+STAMP_QUALITY = text(
+    """
+    UPDATE archive_documents AS d SET execution_log = execution_log || jsonb_build_object('quality-validator',
+        jsonb_build_object('stamp', archive_quality_stamp(d.title, d.scope_and_content, d.admin_biographical_history,
+                           d.provenance, d.date_text, d.date_start, d.date_end, d.execution_log),
+                           'status', 'DONE', 'run_id', 'seed'))
+     WHERE d.id % 10 >= 4
+    """
+)
+
+SEED_RUNNERS = text(
+    """
+    INSERT INTO archive_worker_runners (runner_id, name, hostname, pid, package_version, schema_revision,
+        capabilities, concurrency, heartbeat_seconds, lease_seconds, devices, children, started_at,
+        last_heartbeat_at, stopped_at)
+    SELECT gen_random_uuid(), 'gpu-' || g, 'host-' || (g % 20), 1000 + g, '1.6.0', :revision,
+           CASE WHEN g % 3 = 0 THEN ARRAY['embedding','ner','typology','quality-validator','cleaning','gpu-probe']
+                WHEN g % 3 = 1 THEN ARRAY['embedding','gpu-probe'] ELSE ARRAY['cleaning','typology'] END,
+           1 + g % 2, 15, 60, '[{"name": "NVIDIA H200", "memory_mib": 143771}]'::jsonb,
+           '[]'::jsonb, now() - interval '1 day',
+           CASE WHEN g % 10 < 7 THEN now() ELSE now() - interval '2 hours' END,
+           CASE WHEN g % 10 = 9 THEN now() - interval '1 hour' END
+      FROM generate_series(1, :n) AS g
+    """
+)
+
+SEED_RUNS = text(
+    """
+    INSERT INTO archive_worker_runs
+        (worker_name, status, trigger, request, queued_at, started_at, finished_at, duration_ms,
+         runner_id, attempt, error, exit_reason)
+    SELECT (ARRAY['embedding','ner','typology','quality-validator','cleaning','gpu-probe'])[1 + g % 6],
+           CASE WHEN g % 10 = 0 THEN 'FAILED'::worker_run_status WHEN g % 29 = 0 THEN 'INTERRUPTED'
+                WHEN g % 31 = 0 THEN 'CANCELLED' ELSE 'SUCCESS' END,
+           (ARRAY['API','SCHEDULE','CLI']::worker_run_trigger[])[1 + g % 3], '{"db_batch_size": 32}'::jsonb,
+           now() - make_interval(secs => g * 31.5), now() - make_interval(secs => g * 31.5 - 1),
+           now() - make_interval(secs => g * 31.5 - 30), 29000, :runner, 1,
+           CASE WHEN g % 10 = 0 THEN (ARRAY['RuntimeError: CUDA error: out of memory on device ',
+                 'OSError: cannot open /models/m', 'ValueError: bad row ', 'TimeoutError: engine stalled after '])[1 + (g / 10) % 4]
+                 || (g % 15) END,
+           CASE WHEN g % 10 = 0 THEN 'exception' END
+      FROM generate_series(:start, :stop - 1) AS g
+    """
+)
+
+
+def seed(engine, n_runs: int, n_docs: int, n_runners: int) -> None:
+    from scrinalia.db import migrate
+
+    t0 = time.perf_counter()
+    with engine.begin() as conn:
+        conn.execute(SEED_DOCUMENTS, {"n": n_docs})
+        conn.execute(STAMP_DOCUMENTS)
+        conn.execute(STAMP_QUALITY)
+        conn.execute(text(
+            "INSERT INTO archive_cleaning_rules (name, kind, field, pattern, replacement) VALUES "
+            "('trim-dots', 'REWRITE', 'title', '\\.+$', ''), ('spaces', 'REWRITE', 'title', '\\s{2,}', ' ')"))
+        conn.execute(SEED_RUNNERS, {"n": n_runners, "revision": migrate.head_revision()})
+        runner = conn.execute(text("SELECT runner_id FROM archive_worker_runners LIMIT 1")).scalar_one()
+    step = 200_000
+    for start in range(1, n_runs + 1, step):
+        with engine.begin() as conn:
+            conn.execute(SEED_RUNS, {"start": start, "stop": min(n_runs + 1, start + step), "runner": runner})
+    with engine.begin() as conn:
+        # a RUNNING run with progress (held by an online runner) and a QUEUED one
+        conn.execute(text(
+            "INSERT INTO archive_worker_runs (worker_name, status, trigger, request, started_at, runner_id, "
+            "heartbeat_at, lease_expires_at, progress) VALUES ('ner', 'RUNNING', 'API', '{}', now(), "
+            "(SELECT runner_id FROM archive_worker_runners WHERE stopped_at IS NULL AND 'ner' = ANY(capabilities) "
+            " AND last_heartbeat_at > now() - interval '1 minute' LIMIT 1), now(), now() + interval '60 seconds', "
+            "'{\"done\": 1200, \"total\": 20000, \"unit\": \"document\"}')"))
+        conn.execute(text("INSERT INTO archive_worker_runs (worker_name, status, trigger, request) "
+                          "VALUES ('typology', 'QUEUED', 'SCHEDULE', '{}')"))
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE"))
+    print(f"seeded {n_runs} runs, {n_docs} documents, {n_runners} runners in {time.perf_counter() - t0:.1f} s",
+          flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=1_000_000)
+    parser.add_argument("--documents", type=int, default=100_000)
+    parser.add_argument("--runners", type=int, default=100)
+    parser.add_argument("--samples", type=int, default=200)
+    args = parser.parse_args()
+
+    from fastapi.testclient import TestClient
+
+    from scrinalia.api.app import create_app
+    from scrinalia.api.settings import ApiSettings
+    from scrinalia.domains.identity.users import create_user
+
+    with bench_database("bench_api") as url:
+        engine = create_engine_from_url(url, pool_size=5, max_overflow=5)
+        seed(engine, args.runs, args.documents, args.runners)
+        create_user(engine, "bench@example.org", "a bench passphrase", "ADMIN")
+        app = create_app(engine=engine, api_settings=ApiSettings(cookie_secure=False), ui_dir="/nonexistent")
+        catalogue = sorted(app.state.ctx.catalogue)
+        with TestClient(app) as client:
+            token = client.post("/api/v1/auth/login", json={"email": "bench@example.org",
+                                                            "password": "a bench passphrase",
+                                                            "issue_token": True}).json()["token"]
+            headers = {"Authorization": f"Bearer {token}"}
+            first = client.get("/api/v1/system/workers", headers=headers)
+            assert first.status_code == 200, first.text
+            for _ in range(10):
+                client.get("/api/v1/system/workers", headers=headers)
+            workers_ms = []
+            for _ in range(args.samples):
+                t = time.perf_counter()
+                r = client.get("/api/v1/system/workers", headers=headers)
+                workers_ms.append((time.perf_counter() - t) * 1000)
+                assert r.status_code == 200
+
+            # the counts statement alone (the part that grows with the archive)
+            from scrinalia.api import catalogue_view
+
+            counts_ms = []
+            for _ in range(50):
+                t = time.perf_counter()
+                catalogue_view.unit_counts(engine, app.state.ctx.catalogue)
+                counts_ms.append((time.perf_counter() - t) * 1000)
+
+            enqueue_ms = []
+            worker = "embedding"
+            for _ in range(args.samples):
+                t = time.perf_counter()
+                r = client.post(f"/api/v1/system/workers/{worker}/runs", headers=headers, json={"db_batch_size": 16})
+                enqueue_ms.append((time.perf_counter() - t) * 1000)
+                assert r.status_code == 201, r.text
+                with engine.begin() as conn:  # free the slot, untimed
+                    conn.execute(text("UPDATE archive_worker_runs SET status = 'CANCELLED', finished_at = now() "
+                                      "WHERE run_id = :r"), {"r": uuid.UUID(r.json()["run_id"])})
+            runs_ms = []
+            for _ in range(50):
+                t = time.perf_counter()
+                client.get("/api/v1/system/runs", headers=headers, params={"status": "FAILED", "limit": 50})
+                runs_ms.append((time.perf_counter() - t) * 1000)
+            failures_ms = []
+            for _ in range(50):
+                t = time.perf_counter()
+                client.get("/api/v1/system/failures", headers=headers, params={"days": 30})
+                failures_ms.append((time.perf_counter() - t) * 1000)
+        engine.dispose()
+
+    def stats(values):
+        return {"p50": round(percentile(values, 0.5), 2), "p95": round(percentile(values, 0.95), 2)}
+
+    out = {
+        "runs": args.runs, "documents": args.documents, "runners": args.runners, "samples": args.samples,
+        "catalogue": catalogue,
+        "get_workers_ms": stats(workers_ms),
+        "unit_counts_statement_ms": stats(counts_ms),
+        "post_enqueue_ms": stats(enqueue_ms),
+        "get_runs_failed_page_ms": stats(runs_ms),
+        "get_failures_30d_ms": stats(failures_ms),
+    }
+    out["targets_met"] = {"get_workers_p50<=50ms": out["get_workers_ms"]["p50"] <= 50,
+                          "post_enqueue_p50<=10ms": out["post_enqueue_ms"]["p50"] <= 10}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,355 @@
+"""The child: one process per claimed run, the same entry point for the daemon and the one-shot CLI.
+
+It is started either by the fork server (forked from a preloaded interpreter) or by plain spawn
+(``python -m runner.child``). Either way it:
+
+1. becomes a session leader (the supervisor stops it and whatever it started with one ``killpg``; a
+   terminal's Ctrl-C never reaches it), and dies with its parent: ``PR_SET_PDEATHSIG`` plus a thread
+   that watches the parent's socket and kills the child's own process group on EOF;
+2. receives its assignment (the claimed ``WorkerRun``, how to reach the database) over that socket;
+3. re-resolves the request with ``spec.resolve`` and sends what will run; the *parent* writes it with
+   the fenced ``record_start`` and answers "start" (or "stop": the row was lost, nothing is written);
+4. runs the worker through ``RunContext``, reporting progress (throttled) and showing it in its process
+   title (``scrinalia-runner: run 1a2b3c4d embedding batch 7/30``);
+5. sends its result (status, summary, error, metrics) and exits. It never writes the run's row: the
+   parent writes the terminal status, fenced. A crash sends nothing; the parent reads the exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import faulthandler
+import importlib
+import math
+import os
+import resource
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, NoReturn
+
+from runner import wire
+
+PR_SET_PDEATHSIG = 1
+EXIT_STOPPED = 75    # the parent said "stop" (record_start touched no row): nothing was written
+EXIT_ORPHANED = 76   # the parent was already gone at start, or went away
+EXIT_INTERNAL = 70   # the child's own machinery failed
+ERROR_MAX = 2000
+PROGRESS_INTERVAL = 0.1
+CHILD_OOM_SCORE_ADJ = 500
+
+
+# --- process set-up --------------------------------------------------------------------------------
+
+
+def set_pdeathsig(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux ``prctl``)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def become_child(expected_parent: int, output_fd: int | None) -> None:
+    """Make this freshly started process a supervised child (see the module docstring, step 1)."""
+    if output_fd is not None:
+        os.dup2(output_fd, 1)
+        os.dup2(output_fd, 2)
+        if output_fd > 2:
+            os.close(output_fd)
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a session leader (spawned with start_new_session)
+    set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != expected_parent:
+        os._exit(EXIT_ORPHANED)  # the parent died before the death signal was armed
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:
+        pass
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    faulthandler.enable(all_threads=True)  # a segfault leaves a Python stack in the stderr tail
+    try:
+        # Under memory pressure the kernel should pick a child, never the supervisor (raising one's own
+        # oom_score_adj needs no privilege).
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write(str(CHILD_OOM_SCORE_ADJ))
+    except OSError:
+        pass
+
+
+def preload_modules(names: tuple[str, ...] | list[str]) -> list[str]:
+    """Import what is installed of ``names``; never initialise CUDA (NVML-based availability checks)."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    loaded = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except ImportError:
+            continue
+    return loaded
+
+
+def _set_title(title: str) -> None:
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(title)
+    except ImportError:
+        pass
+
+
+# --- the link to the parent (the SDK's ChildChannel) ------------------------------------------------
+
+
+class ParentLink:
+    """The child's end of the parent's socket: progress out, cancellation in, the parent watch."""
+
+    def __init__(self, sock: socket.socket, run: Any) -> None:
+        self.sock = sock
+        self.short_id = run.run_id.hex[:8]
+        self.worker = run.worker_name
+        self.batch_size: int | None = None
+        self.progress: dict[str, Any] | None = None
+        self._send_lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._last_sent = 0.0
+
+    def send(self, kind: str, payload: dict[str, Any] | None = None) -> None:
+        with self._send_lock:
+            wire.send(self.sock, kind, payload)
+
+    # ChildChannel
+    def cancel_requested(self) -> bool:
+        return self._cancel.is_set()
+
+    def send_progress(self, progress: Any) -> None:
+        self.progress = dict(progress)
+        now = time.monotonic()
+        done, total = self.progress.get("done"), self.progress.get("total")
+        if now - self._last_sent >= PROGRESS_INTERVAL or (total is not None and done == total):
+            self._last_sent = now
+            self.send("progress", self.progress)
+            self.retitle()
+
+    def retitle(self, phase: str | None = None) -> None:
+        _set_title(f"scrinalia-runner: run {self.short_id} {self.worker} {phase or self._progress_text()}")
+
+    def _progress_text(self) -> str:
+        p = self.progress or {}
+        done, total = p.get("done"), p.get("total")
+        if not isinstance(done, int):
+            return "running"
+        size = self.batch_size
+        if size and size > 0:
+            batch = math.ceil(done / size)
+            of = f"/{math.ceil(total / size)}" if isinstance(total, int) else ""
+            return f"batch {batch}{of}"
+        return f"{done}{'/' + str(total) if isinstance(total, int) else ''} {p.get('unit') or 'units'}"
+
+    def wait_for_start(self) -> bool:
+        """Block until the parent says start (True) or stop (False)."""
+        while True:
+            kind, _ = wire.recv(self.sock)
+            if kind == "start":
+                return True
+            if kind == "stop":
+                return False
+            if kind == "cancel":
+                self._cancel.set()
+
+    def watch_parent(self) -> None:
+        threading.Thread(target=self._watch, name="parent-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                kind, _ = wire.recv(self.sock)
+            except (EOFError, OSError, ValueError):
+                self._parent_gone()
+                return
+            if kind == "cancel":
+                self._cancel.set()
+            elif kind == "stop":
+                os._exit(EXIT_STOPPED)
+
+    @staticmethod
+    def _parent_gone() -> NoReturn:
+        # The supervisor is gone: nobody holds this run's lease any more. Stop everything we started.
+        try:
+            os.killpg(0, signal.SIGKILL)
+        finally:
+            os._exit(EXIT_ORPHANED)
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+def format_error(exc: BaseException) -> str:
+    """``ExceptionClass: message`` on the first line (the fingerprint), then the traceback's tail."""
+    message = str(exc).strip().splitlines()
+    head = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
+    head = head[:500]
+    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    room = ERROR_MAX - len(head) - 1
+    return head if room <= 0 else f"{head}\n{trace[-room:]}"
+
+
+def _metrics(started: float | None, done: int) -> dict[str, Any]:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    metrics: dict[str, Any] = {
+        "peak_rss_bytes": max(own.ru_maxrss, kids.ru_maxrss) * 1024,
+        "cpu_seconds": round(own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, 3),
+        "units_done": done,
+    }
+    if started is not None:
+        elapsed = time.monotonic() - started
+        metrics["worker_seconds"] = round(elapsed, 3)
+        metrics["units_per_second"] = round(done / elapsed, 3) if elapsed > 0 and done else None
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            metrics["gpu_peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+    except Exception:
+        pass
+    return metrics
+
+
+def _json_safe(value: Any) -> Any:
+    """What the ledger will store (JSON), so an odd object in a worker's summary cannot break the pipe."""
+    import json
+
+    return None if value is None else json.loads(json.dumps(value, default=str))
+
+
+def _resolved_payload(resolved: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(resolved):
+        return _json_safe(dataclasses.asdict(resolved))
+    return _json_safe(dict(vars(resolved)))
+
+
+# --- the entry point -----------------------------------------------------------------------------
+
+
+def child_main(channel: socket.socket, *, catalogue: dict | None = None) -> NoReturn:
+    """Run one assignment received on ``channel`` and exit. Never returns."""
+    code = EXIT_INTERNAL
+    try:
+        code = _serve(channel, catalogue)
+    except BaseException:  # the machinery itself failed: leave the trace in the stderr tail
+        traceback.print_exc()
+        code = EXIT_INTERNAL
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _serve(channel: socket.socket, catalogue: dict | None) -> int:
+    try:
+        kind, assign = wire.recv(channel)
+    except EOFError:
+        return EXIT_ORPHANED
+    if kind != "assign":
+        raise RuntimeError(f"expected an assignment, got {kind!r}")
+    run = assign["run"]
+    link = ParentLink(channel, run)
+    link.retitle("starting")
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from scrinalia.db.engine import create_engine_from_url
+    from scrinalia.domains.archive.workers.sdk import LeaseLost, RunCancelled, RunContext
+
+    if catalogue is None:
+        preload_modules(assign.get("preload") or ())
+        from scrinalia.domains.archive.workers.plugins import load_catalogue
+
+        catalogue = load_catalogue()
+
+    def fail(error: str) -> int:
+        link.send("result", {"status": "FAILED", "error": error[:ERROR_MAX], "metrics": _metrics(None, 0)})
+        return 1
+
+    spec = catalogue.get(run.worker_name)
+    if spec is None:
+        return fail(f"UnknownWorker: no worker named {run.worker_name!r} in this runner's catalogue")
+
+    engine = create_engine_from_url(
+        assign["database_url"],
+        application_name="scrinalia-runner-child",
+        pool_size=2,
+        max_overflow=4,
+        connect_args=assign.get("connect_args") or {},
+    )
+    try:
+        resolved = spec.resolve(engine, run.request or {})
+    except Exception as exc:
+        return fail(format_error(exc))
+    link.batch_size = getattr(resolved, "db_batch_size", None)
+    link.send("resolved", _resolved_payload(resolved))
+    if not link.wait_for_start():
+        return EXIT_STOPPED
+    link.watch_parent()
+
+    try:
+        ctx = RunContext(run, resolved, engine, link, spec=spec)
+    except TypeError:  # an SDK whose RunContext takes no spec
+        ctx = RunContext(run, resolved, engine, link)
+    status, result, error = "SUCCESS", None, None
+    started = None
+    if link.cancel_requested():
+        status, result = "CANCELLED", {"done": 0, "cancelled": "before the worker started"}
+    else:
+        link.retitle("running")
+        started = time.monotonic()
+        link.send("started", {"t": started})
+        try:
+            out = spec.run(ctx)
+            result = dict(out) if out is not None else dict(ctx.result)
+        except RunCancelled as exc:
+            status = "CANCELLED"
+            result = {**ctx.result, "done": ctx.done, "cancelled": str(exc) or "at a batch boundary"}
+        except LeaseLost as exc:
+            status, error = "LEASE_LOST", format_error(exc)
+        except SQLAlchemyError as exc:
+            status, error, result = "FAILED", format_error(exc), dict(ctx.result) or None
+        except BaseException as exc:  # KeyboardInterrupt and SystemExit too: the run failed
+            status, error, result = "FAILED", format_error(exc), dict(ctx.result) or None
+    link.send(
+        "result",
+        {
+            "status": status,
+            "result": _json_safe(result),
+            "error": error,
+            "progress": link.progress,
+            "metrics": _metrics(started, ctx.done),
+        },
+    )
+    engine.dispose()
+    return 0 if status in ("SUCCESS", "CANCELLED") else 1
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """``python -m runner.child --channel-fd N --parent-pid P`` (the plain-spawn path)."""
+    parser = argparse.ArgumentParser(prog="python -m runner.child")
+    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    become_child(args.parent_pid, None)
+    child_main(socket.socket(fileno=args.channel_fd))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+"""``scrinalia-runner``: ``daemon`` (the supervisor), ``status`` (ask it), ``run`` (the one-shot runner).
+
+Exit codes are in ``runner.options`` (EXIT_*) and docs/operations.md ("Runner").
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from runner import options as opts
+from runner.options import OptionsError, RunnerOptions
+
+log = logging.getLogger("scrinalia.runner")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _fail(code: int, message: str) -> None:
+    click.echo(f"scrinalia-runner: {message}", err=True)
+    sys.exit(code)
+
+
+def _settings():
+    from scrinalia.settings import SettingsError, load_settings
+
+    try:
+        return load_settings()
+    except SettingsError as exc:
+        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+
+
+@click.group()
+@click.version_option(package_name="scrinalia-runner")
+def cli() -> None:
+    """The GPU host's runner: a supervisor with one child process per claimed run."""
+
+
+# --- daemon ---------------------------------------------------------------------------------------
+
+DAEMON_HELP = """Claim QUEUED runs and run each in its own child process (the supervisor).
+
+The database comes from RUNNER_DATABASE_URL, else DATABASE_URL (DB_SSLMODE, DB_SSLROOTCERT for TLS).
+SIGTERM/SIGINT drain (stop claiming, wait up to --drain-timeout, then stop the rest: INTERRUPTED
+runner-stopped); a second one stops now.
+"""
+
+
+def daemon_options(func):
+    decorators = [
+        click.option("--name", required=True, help="This runner's name in the registry (and its socket's)."),
+        click.option("--capabilities", default=None,
+                     help="Comma-separated workers to claim (default: every worker of the catalogue)."),
+        click.option("--concurrency", type=int, default=1, show_default=True, help="Children at most."),
+        click.option("--heartbeat", type=float, default=15.0, show_default=True, help="Seconds between heartbeats."),
+        click.option("--lease", type=float, default=60.0, show_default=True,
+                     help="Seconds a heartbeat renews the leases for; must exceed --heartbeat."),
+        click.option("--poll", type=float, default=2.0, show_default=True, help="Seconds between claims."),
+        click.option("--drain-timeout", type=float, default=120.0, show_default=True,
+                     help="Seconds a drain waits for the children before stopping them."),
+        click.option("--max-runtime", type=float, default=None, help="Seconds a run may take (then FAILED timeout)."),
+        click.option("--cancel-grace", type=float, default=60.0, show_default=True,
+                     help="Seconds after a cancel request before SIGTERM/SIGKILL (cancel-forced)."),
+        click.option("--kill-grace", type=float, default=5.0, show_default=True,
+                     help="Seconds between SIGTERM and SIGKILL when the supervisor stops a child."),
+        click.option("--preload", default=",".join(opts.DEFAULT_PRELOAD), show_default=True,
+                     help="Modules the fork server imports once ('none' for nothing); skipped when not installed."),
+        click.option("--start-method", type=click.Choice(opts.START_METHODS), default="forkserver", show_default=True,
+                     help="forkserver (children ready in milliseconds) or spawn (a fresh interpreter per child)."),
+        click.option("--socket", "socket_path", type=click.Path(path_type=Path), default=None,
+                     help="The control socket (default: $RUNTIME_DIRECTORY or $XDG_RUNTIME_DIR/scrinalia-runner "
+                          "or /run/scrinalia-runner, then NAME.sock)."),
+        click.option("--log-level", default="INFO", show_default=True),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+@cli.command("daemon", help=DAEMON_HELP)
+@daemon_options
+def daemon_command(**flags: Any) -> None:
+    sys.exit(run_daemon(**flags))
+
+
+def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain_timeout, max_runtime,
+               cancel_grace, kill_grace, preload, start_method, socket_path, log_level) -> int:
+    setup_logging(log_level)
+    from runner.guard import HeavyImportForbidden, forbid_heavy_imports
+
+    try:
+        options = RunnerOptions(
+            name=name,
+            capabilities=opts.parse_list(capabilities) or None,
+            concurrency=concurrency,
+            heartbeat_seconds=heartbeat,
+            lease_seconds=lease,
+            poll_seconds=poll,
+            drain_timeout=drain_timeout,
+            max_runtime=max_runtime,
+            cancel_grace=cancel_grace,
+            kill_grace=kill_grace,
+            preload=opts.parse_list(preload),
+            start_method=start_method,
+            socket_path=socket_path or opts.default_socket_path(name),
+        ).validate()
+    except OptionsError as exc:
+        raise click.UsageError(str(exc)) from None
+
+    try:
+        forbid_heavy_imports()
+    except HeavyImportForbidden as exc:
+        _fail(1, str(exc))
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from runner.control import ControlServer, ControlSocketBusy
+    from runner.database import SchemaBehind, check_schema, child_connect_args, parent_engine, registration
+    from runner.devices import GpuProbe
+    from runner.forkserver import ForkServerError, ForkServerLauncher
+    from runner.launchers import SpawnLauncher
+    from runner.sdnotify import Notifier
+    from runner.supervisor import Supervisor, _brief
+
+    from scrinalia.domains.archive.workers.plugins import PluginError, load_catalogue
+
+    settings = _settings()
+    try:
+        url = settings.runner_url()
+    except Exception as exc:
+        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+
+    try:
+        catalogue = load_catalogue()
+    except (PluginError, ImportError) as exc:
+        _fail(1, f"the worker catalogue cannot be loaded: {exc}")
+    if options.capabilities is None:
+        capabilities = sorted(catalogue)
+    else:
+        unknown = [c for c in options.capabilities if c not in catalogue]
+        if unknown:
+            raise click.UsageError(
+                f"--capabilities names workers that are not in the catalogue: {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(catalogue)) or 'none'})"
+            )
+        capabilities = list(options.capabilities)
+    if not capabilities:
+        _fail(opts.EXIT_USAGE, "no worker to claim: the catalogue is empty and --capabilities is not set")
+
+    engine = parent_engine(url, options, settings)
+    try:
+        revision = check_schema(engine)
+    except SchemaBehind as exc:
+        log.error("%s", exc)
+        engine.dispose()
+        return opts.EXIT_SCHEMA_BEHIND
+    except SQLAlchemyError as exc:
+        log.error("the database does not answer (%s)", _brief(exc))
+        engine.dispose()
+        return opts.EXIT_DATABASE
+
+    control = ControlServer(options.socket_path)
+    try:
+        control.open()
+    except ControlSocketBusy as exc:
+        log.error("%s", exc)
+        engine.dispose()
+        return opts.EXIT_ALREADY_RUNNING
+
+    gpu = GpuProbe()
+    if options.start_method == "forkserver":
+        launcher = ForkServerLauncher(options.preload, title=f"scrinalia-runner: fork server {options.name}")
+    else:
+        launcher = SpawnLauncher(preload=options.preload)
+    sup = Supervisor(
+        options,
+        engine=engine,
+        database_url=url.render(),
+        child_connect_args=child_connect_args(settings),
+        launcher=launcher,
+        registration=registration(options, capabilities, kind="daemon", schema_revision=revision,
+                                  devices=gpu.devices()),
+        mode="daemon",
+        notifier=Notifier(),
+        gpu=gpu,
+        control=control,
+    )
+    try:
+        sup.open()
+        code = sup.serve()
+        log.info("stopped (runner %s)", sup.runner_id)
+        return code
+    except ForkServerError as exc:
+        log.error("%s", exc)
+        return 1
+    except SQLAlchemyError as exc:
+        log.error("the database does not answer (%s)", _brief(exc))
+        return opts.EXIT_DATABASE
+    finally:
+        sup.close()
+        engine.dispose()
+
+
+# --- status -----------------------------------------------------------------------------------------
+
+
+@cli.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (fields: docs/operations.md, 'Runner').")
+@click.option("--all", "all_runners", is_flag=True, help="Every runner of the registry (online, stale, stopped).")
+@click.option("--socket", "socket_path", type=click.Path(path_type=Path), default=None,
+              help="A control socket (default: every *.sock of the runtime directory).")
+@click.option("--name", default=None, help="The local runner with this --name.")
+def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, name: str | None) -> None:
+    """Show the local supervisor's children (over its control socket), or the registry with --all."""
+    from runner import control, status
+
+    if all_runners:
+        from scrinalia.db.engine import runner_engine
+        from scrinalia.domains.archive import registry
+
+        settings = _settings()
+        try:
+            engine = runner_engine(settings, application_name="scrinalia-runner-status")
+        except Exception as exc:
+            _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+        try:
+            rows = registry.list_runners(engine)
+        finally:
+            engine.dispose()
+        if as_json:
+            click.echo(status.dumps([status.runner_row_json(r) for r in rows]))
+        else:
+            click.echo(status.render_registry(rows))
+        return
+
+    if socket_path is not None:
+        paths = [socket_path]
+    elif name is not None:
+        paths = [opts.default_socket_path(name)]
+    else:
+        directory = opts.runtime_dir()
+        paths = sorted(directory.glob("*.sock")) if directory.is_dir() else []
+    answers = []
+    for path in paths:
+        try:
+            answers.append(control.query(path, {"command": "status"}))
+        except (OSError, ValueError) as exc:
+            if socket_path is not None or name is not None:
+                _fail(1, f"no runner answers on {path} ({exc.__class__.__name__})")
+    if not answers:
+        _fail(1, f"no runner answers in {opts.runtime_dir()} (use --socket PATH, or --all for the registry)")
+    if as_json:
+        click.echo(status.dumps(answers))
+    else:
+        click.echo("\n\n".join(status.render_status(a) for a in answers))
+
+
+# --- run (one-shot) ------------------------------------------------------------------------------------
+
+
+@cli.command("run")
+@click.argument("worker")
+@click.option("--engine", "engine_name", default=None, help="The engine (default: persisted settings, then the worker's).")
+@click.option("--preset", default=None)
+@click.option("--batch", "db_batch_size", type=int, default=None, help="Units per database batch.")
+@click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE",
+              help="A worker option; VALUE is a JSON scalar (true, 3, null) or else a string. Repeatable.")
+@click.option("--by", "requested_by", default=None, help="Who asks (default: the OS user).")
+@click.option("--lease", type=float, default=60.0, show_default=True)
+@click.option("--heartbeat", type=float, default=15.0, show_default=True)
+@click.option("--max-runtime", type=float, default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the final row as JSON.")
+@click.option("--log-level", default="WARNING", show_default=True)
+def run_command(worker, engine_name, preset, db_batch_size, option_pairs, requested_by, lease, heartbeat,
+                max_runtime, as_json, log_level) -> None:
+    """Run WORKER once, now, in the foreground (Ctrl-C: cancel; again: kill).
+
+    Exit: 0 SUCCESS, 1 FAILED, 2 usage, 3 the worker's slot is busy, 4 schema behind, 130 cancelled.
+    """
+    setup_logging(log_level)
+    from runner.guard import HeavyImportForbidden, forbid_heavy_imports
+    from runner.oneshot import ProgressBar, parse_option
+
+    options: dict[str, Any] = {}
+    for pair in option_pairs:
+        try:
+            key, value = parse_option(pair)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        options[key] = value
+    request: dict[str, Any] = {}
+    if engine_name is not None:
+        request["engine_name"] = engine_name
+    if preset is not None:
+        request["preset"] = preset
+    if db_batch_size is not None:
+        request["db_batch_size"] = db_batch_size
+    if options:
+        request["options"] = options
+    if lease <= heartbeat:
+        raise click.UsageError(f"--lease ({lease:g} s) must exceed --heartbeat ({heartbeat:g} s)")
+    try:
+        forbid_heavy_imports()
+    except HeavyImportForbidden as exc:
+        _fail(1, str(exc))
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from runner.database import SchemaBehind
+    from runner.oneshot import run_once
+    from runner.supervisor import _brief
+
+    from scrinalia.domains.archive.errors import InvalidRunRequest, WorkerRunAlreadyActive
+
+    settings = _settings()
+    try:
+        url = settings.runner_url()
+    except Exception as exc:
+        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+    bar = ProgressBar()
+
+    def started(run) -> None:
+        click.echo(f"run {run.run_id} ({worker}) started; Ctrl-C cancels, twice kills", err=True)
+
+    try:
+        row = run_once(
+            url, worker, request, requested_by=requested_by, lease_seconds=lease, heartbeat_seconds=heartbeat,
+            settings=settings, max_runtime=max_runtime, on_progress=bar.update, on_start=started,
+            handle_signals=True,
+        )
+    except InvalidRunRequest as exc:  # UnknownWorker, UnknownOption, ... are InvalidRunRequest too
+        _fail(opts.EXIT_USAGE, str(exc))
+    except WorkerRunAlreadyActive as exc:
+        _fail(opts.EXIT_SLOT_BUSY, str(exc))
+    except SchemaBehind as exc:
+        _fail(opts.EXIT_SCHEMA_BEHIND, str(exc))
+    except OptionsError as exc:
+        _fail(opts.EXIT_USAGE, str(exc))
+    except SQLAlchemyError as exc:
+        _fail(opts.EXIT_DATABASE, f"the database does not answer ({_brief(exc)})")
+    except KeyboardInterrupt:
+        _fail(opts.EXIT_CANCELLED, "interrupted before the run started")
+    finally:
+        bar.close()
+
+    if as_json:
+        click.echo(json.dumps(row.to_json(), indent=2, default=str))
+    else:
+        summary = f"run {row.run_id} {row.worker_name}: {row.status}"
+        if row.duration_ms is not None:
+            summary += f" in {row.duration_ms / 1000:.1f}s"
+        if row.exit_reason:
+            summary += f" ({row.exit_reason})"
+        click.echo(summary)
+        if row.error:
+            click.echo(row.error.splitlines()[0], err=True)
+        if row.result:
+            click.echo(json.dumps(row.result, default=str))
+    if row.status == "SUCCESS":
+        sys.exit(opts.EXIT_OK)
+    if row.status == "CANCELLED" or (row.status == "INTERRUPTED" and row.exit_reason == "runner-stopped"):
+        sys.exit(opts.EXIT_CANCELLED)
+    sys.exit(opts.EXIT_FAILED)
+
+
+def main() -> None:
+    cli(prog_name="scrinalia-runner")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The control socket: a unix stream socket in the runtime directory, for ``scrinalia-runner status``.
+
+Reachable only by the runner's user: the directory is created 0700, the socket is chmod 0600, and the
+peer's uid (SO_PEERCRED) must be ours or root's. One JSON request line, one JSON answer, then close:
+
+    {"command": "status"}    the status snapshot (runner.status.STATUS_FIELDS)
+    {"command": "modules"}   which heavy modules (torch, transformers, ...) the supervisor has imported
+    {"command": "drain"}     start a drain, as SIGTERM would
+
+The supervisor serves it from its own loop (the listening socket is in its ``select``); an accepted
+connection has a short timeout, so a stuck client cannot stall the loop for long.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import stat
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("scrinalia.runner.control")
+
+CLIENT_TIMEOUT = 0.5
+MAX_REQUEST = 4096
+
+
+class ControlSocketBusy(RuntimeError):
+    """A live supervisor already answers on this path."""
+
+
+class ControlServer:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.sock: socket.socket | None = None
+
+    def open(self) -> None:
+        directory = self.path.parent
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mode = stat.S_IMODE(directory.stat().st_mode)
+        if mode & 0o077 and directory.stat().st_uid == os.getuid():
+            try:
+                os.chmod(directory, mode & 0o700)
+            except OSError:
+                pass
+        if self.path.exists() or self.path.is_symlink():
+            try:
+                query(self.path, {"command": "status"}, timeout=1.0)
+            except (OSError, ValueError):
+                self.path.unlink()  # a stale socket left by a killed supervisor
+            else:
+                raise ControlSocketBusy(f"a runner already answers on {self.path}")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)
+        try:
+            sock.bind(str(self.path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.path, 0o600)
+        sock.listen(16)
+        sock.setblocking(False)
+        self.sock = sock
+
+    def fileno(self) -> int | None:
+        return self.sock.fileno() if self.sock is not None else None
+
+    def serve_pending(self, handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        if self.sock is None:
+            return
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("control socket accept failed: %s", exc)
+                return
+            with conn:
+                self._serve_one(conn, handler)
+
+    def _serve_one(self, conn: socket.socket, handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        conn.settimeout(CLIENT_TIMEOUT)
+        try:
+            uid = _peer_uid(conn)
+            if uid is not None and uid not in (os.getuid(), 0):
+                conn.sendall(b'{"error": "permission denied"}\n')
+                return
+            data = b""
+            while b"\n" not in data and len(data) < MAX_REQUEST:
+                chunk = conn.recv(MAX_REQUEST)
+                if not chunk:
+                    break
+                data += chunk
+            try:
+                request = json.loads(data.decode() or "{}")
+                if not isinstance(request, dict):
+                    raise ValueError("not an object")
+                answer = handler(request)
+            except ValueError as exc:
+                answer = {"error": f"bad request: {exc}"}
+            conn.sendall(json.dumps(answer, default=str).encode() + b"\n")
+        except (OSError, socket.timeout) as exc:
+            log.debug("control client dropped: %s", exc)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def _peer_uid(conn: socket.socket) -> int | None:
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        return uid
+    except (OSError, AttributeError):
+        return None
+
+
+def query(path: Path | str, request: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+    """Send one request to a supervisor's control socket and return its answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(path))
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        data = b""
+        while True:
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    if not data:
+        raise ValueError("the supervisor closed the connection without an answer")
+    return json.loads(data.decode())

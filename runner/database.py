@@ -1,0 +1,89 @@
+"""The supervisor's database: its engine (short timeouts, no pre-ping), the schema check, the registration."""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Any
+
+from sqlalchemy import Engine
+
+from runner.options import RunnerOptions
+from runner.status import package_version
+
+from scrinalia.db import migrate
+from scrinalia.db.engine import connect_args_for, create_engine_from_url
+from scrinalia.domains.archive.registry import RunnerRegistration
+from scrinalia.settings import DatabaseUrl, Settings
+
+
+class SchemaBehind(RuntimeError):
+    """The database's alembic_version is not the head of the bundled migrations."""
+
+    def __init__(self, current: str | None, head: str) -> None:
+        self.current, self.head = current, head
+        super().__init__(
+            f"the database schema is at revision {current or '(none: never migrated)'} but this runner needs "
+            f"{head}; migrate first with `scrinalia db upgrade` (deploy order: migrate -> API -> runner)"
+        )
+
+
+def parent_engine(url: DatabaseUrl | str, options: RunnerOptions, settings: Settings | None = None) -> Engine:
+    """The supervisor's engine. Every statement is bounded, so the loop can always reach its self-fence:
+    connect_timeout, statement_timeout and lock_timeout, tcp_user_timeout for a silent network.
+    No pre-ping: one heartbeat is one statement, and a failed one is retried by the loop anyway."""
+    bound_ms = int(max(2.0, min(options.heartbeat_seconds, options.lease_seconds / 4)) * 1000)
+    connect_args: dict[str, Any] = {
+        "connect_timeout": max(2, int(bound_ms / 1000)),
+        "options": f"-c statement_timeout={bound_ms} -c lock_timeout={bound_ms}",
+        "tcp_user_timeout": bound_ms,
+    }
+    return create_engine_from_url(
+        url,
+        settings=settings,
+        application_name="scrinalia-runner",
+        pool_size=2,
+        max_overflow=2,
+        pool_pre_ping=False,
+        connect_args=connect_args,
+    )
+
+
+def child_connect_args(settings: Settings | None) -> dict[str, Any]:
+    """What a child passes to its own engine (TLS settings; no secret: the URL travels separately)."""
+    return connect_args_for(settings, "scrinalia-runner-child")
+
+
+def check_schema(engine: Engine) -> str:
+    """The database's revision, or ``SchemaBehind`` when it is not the bundled head."""
+    with engine.connect() as conn:
+        current = migrate.current_revision(conn)
+    head = migrate.head_revision()
+    if current != head:
+        raise SchemaBehind(current, head)
+    return current
+
+
+def registration(
+    options: RunnerOptions,
+    capabilities: list[str],
+    *,
+    kind: str,
+    schema_revision: str | None,
+    devices: list[dict[str, Any]] | None = None,
+) -> RunnerRegistration:
+    return RunnerRegistration(
+        runner_id=uuid.uuid4(),
+        name=options.name,
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        package_version=package_version(),
+        schema_revision=schema_revision,
+        capabilities=list(capabilities),
+        concurrency=options.concurrency,
+        heartbeat_seconds=options.heartbeat_seconds,
+        lease_seconds=options.lease_seconds,
+        poll_seconds=options.poll_seconds if kind == "daemon" else None,
+        kind=kind,
+        devices=devices or [],
+    )

@@ -1,0 +1,315 @@
+"""The fork server: a process that preloads torch, transformers and the catalogue, then forks children.
+
+Why: a spawned interpreter takes seconds to import torch and transformers; a fork of a process that
+already imported them is ready in milliseconds. Why a separate process and not the supervisor: the
+supervisor must never import torch (CUDA must never be initialised in it, and its memory stays small),
+and forking the supervisor would copy its database connections and sockets into every child.
+
+CUDA is never initialised here either: importing torch does not create a CUDA context, and
+``PYTORCH_NVML_BASED_CUDA_CHECK=1`` makes ``torch.cuda.is_available()`` (which transformers may call at
+import) ask NVML instead of initialising the driver. A CUDA context cannot survive a fork; each child
+creates its own. The fork server reports ``cuda_initialized`` at start, and the supervisor refuses a
+fork server that did.
+
+Protocol (one ``SOCK_SEQPACKET`` socketpair, pickled tuples, one message per packet):
+
+    supervisor -> server   ("spawn", token)  + SCM_RIGHTS [channel_fd, output_fd]
+    server -> supervisor   ("ready", info)   once, after preloading
+                           ("spawned", token, pid)
+                           ("exited", pid, wait_status, peak_rss_bytes, cpu_seconds)
+
+The fork server reaps its children (SIGCHLD through a wakeup pipe) and reports each exit with the
+kernel's resource usage. It dies with the supervisor (PR_SET_PDEATHSIG), and its children die with it.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from runner.launchers import ChildExit
+
+log = logging.getLogger("scrinalia.runner.forkserver")
+
+MAX_PACKET = 1 << 16
+
+
+class ForkServerError(RuntimeError):
+    pass
+
+
+# --- the server (its own process: python -m runner.forkserver) -------------------------------------
+
+
+def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title: str) -> None:
+    from runner import child as child_module
+
+    child_module.set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(child_module.EXIT_ORPHANED)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    started = time.monotonic()
+    loaded = child_module.preload_modules(preload)
+    catalogue: dict | None
+    catalogue_error = None
+    try:
+        from scrinalia.domains.archive.workers.plugins import load_catalogue
+
+        catalogue = load_catalogue()
+    except Exception as exc:  # the children load it themselves and report the error on their runs
+        catalogue, catalogue_error = None, f"{type(exc).__name__}: {exc}"
+    # Modules a child needs anyway, imported once here.
+    import sqlalchemy.dialects.postgresql  # noqa: F401
+    import psycopg  # noqa: F401
+
+    import scrinalia.db.engine  # noqa: F401
+    import scrinalia.domains.archive.workers.sdk  # noqa: F401
+
+    torch = sys.modules.get("torch")
+    cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(title)
+    except ImportError:
+        pass
+
+    server_pid = os.getpid()
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def send(*message: Any) -> None:
+        link.send(pickle.dumps(message))
+
+    send(
+        "ready",
+        {
+            "pid": os.getpid(),
+            "preloaded": loaded,
+            "preload_seconds": round(time.monotonic() - started, 3),
+            "cuda_initialized": cuda_initialized,
+            "catalogue": sorted(catalogue) if catalogue is not None else None,
+            "catalogue_error": catalogue_error,
+        },
+    )
+
+    while True:
+        try:
+            readable, _, _ = select.select([link, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in readable:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        # Reap on every wake-up: a SIGCHLD may coalesce several exits.
+        while True:
+            try:
+                pid, status, rusage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            ex = ChildExit.from_wait(pid, status, rusage)
+            send("exited", pid, status, ex.peak_rss_bytes, ex.cpu_seconds)
+        if link in readable:
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(link, MAX_PACKET, 4)
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                return  # the supervisor closed the link (or died): leave; PDEATHSIG takes the children
+            kind, token = pickle.loads(data)
+            if kind != "spawn" or len(fds) != 2:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            channel_fd, output_fd = fds
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:  # the child
+                try:
+                    signal.set_wakeup_fd(-1)
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    link.close()
+                    child_module.become_child(server_pid, output_fd)
+                    child_module.child_main(socket.socket(fileno=channel_fd), catalogue=catalogue)
+                finally:
+                    os._exit(child_module.EXIT_INTERNAL)
+            os.close(channel_fd)
+            os.close(output_fd)
+            send("spawned", token, pid)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m runner.forkserver")
+    parser.add_argument("--link-fd", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--preload", default="")
+    parser.add_argument("--title", default="scrinalia-runner: fork server")
+    args = parser.parse_args(argv)
+    link = socket.socket(fileno=args.link_fd)
+    preload = tuple(p for p in args.preload.split(",") if p)
+    serve(link, args.parent_pid, preload, args.title)
+
+
+# --- the supervisor's side -------------------------------------------------------------------------
+
+
+class ForkServerLauncher:
+    """Starts and talks to the fork server; children are the fork server's, reported back as exits."""
+
+    name = "forkserver"
+    child_preload: tuple[str, ...] = ()  # the fork server preloaded already
+
+    def __init__(self, preload: tuple[str, ...], *, title: str = "scrinalia-runner: fork server",
+                 env: dict[str, str] | None = None, ready_timeout: float = 120.0) -> None:
+        self.preload = preload
+        self.title = title
+        self.env = env
+        self.ready_timeout = ready_timeout
+        self.proc: subprocess.Popen | None = None
+        self.link: socket.socket | None = None
+        self.ready_info: dict[str, Any] = {}
+        self._exits: list[ChildExit] = []
+        self._token = 0
+        self._dead = False
+
+    def start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ if self.env is None else self.env)
+        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runner.forkserver", "--link-fd", str(theirs.fileno()),
+             "--parent-pid", str(os.getpid()), "--preload", ",".join(self.preload), "--title", self.title],
+            stdin=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(),),
+            close_fds=True,
+            start_new_session=True,
+            env=env,
+        )
+        theirs.close()
+        self.link = ours
+        self._dead = False
+        message = self._recv(self.ready_timeout)
+        if message is None or message[0] != "ready":
+            self.close()
+            raise ForkServerError(f"the fork server did not start (got {message!r})")
+        self.ready_info = message[1]
+        if self.ready_info.get("cuda_initialized"):
+            self.close()
+            raise ForkServerError("the fork server initialised CUDA while preloading; refusing to fork from it")
+        self.link.setblocking(False)
+
+    def _recv(self, timeout: float | None) -> tuple | None:
+        assert self.link is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            readable, _, _ = select.select([self.link], [], [], remaining)
+            if not readable:
+                return None
+            try:
+                data = self.link.recv(MAX_PACKET)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self._dead = True
+                return None
+            return pickle.loads(data)
+
+    def _handle(self, message: tuple) -> None:
+        if message[0] == "exited":
+            _, pid, status, peak, cpu = message
+            code = sig = None
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+            else:
+                code = os.waitstatus_to_exitcode(status)
+            self._exits.append(ChildExit(pid, code, sig, peak, cpu))
+
+    def spawn(self, channel_fd: int, output_fd: int) -> int:
+        if self.link is None or self._dead:
+            raise ForkServerError("the fork server is not running")
+        self._token += 1
+        token = self._token
+        self.link.setblocking(True)
+        try:
+            socket.send_fds(self.link, [pickle.dumps(("spawn", token))], [channel_fd, output_fd])
+            while True:
+                message = self._recv(30.0)
+                if message is None:
+                    raise ForkServerError("the fork server did not answer a spawn request")
+                if message[0] == "spawned" and message[1] == token:
+                    return int(message[2])
+                self._handle(message)
+        finally:
+            if self.link is not None:
+                self.link.setblocking(False)
+
+    def wait_fds(self) -> list[int]:
+        return [self.link.fileno()] if self.link is not None and not self._dead else []
+
+    def collect_exits(self) -> list[ChildExit]:
+        while self.link is not None and not self._dead:
+            try:
+                data = self.link.recv(MAX_PACKET)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                self._dead = True
+                break
+            self._handle(pickle.loads(data))
+        exits, self._exits = self._exits, []
+        return exits
+
+    def healthy(self) -> bool:
+        return self.link is not None and not self._dead and self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def info(self) -> dict:
+        return {
+            "start_method": "forkserver",
+            "pid": self.pid,
+            "preload": list(self.preload),
+            "preloaded": self.ready_info.get("preloaded", []),
+            "preload_seconds": self.ready_info.get("preload_seconds"),
+            "healthy": self.healthy(),
+        }
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        self._dead = True
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""The one-shot runner: ``scrinalia-runner run WORKER`` and its programmatic form ``run_once``.
+
+It is a runner of its own (registry kind "cli": its own runner id, lease and heartbeat), it creates the
+run already RUNNING with trigger CLI (``ledger.create_running``), and it runs the same child entry point
+as the daemon, in the foreground, through the same supervisor loop (mode "oneshot": no claims). A crash
+of this process leaves a RUNNING row whose lease expires; the next runner or CLI repairs it.
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from runner.database import check_schema, child_connect_args, parent_engine, registration
+from runner.launchers import SpawnLauncher
+from runner.options import RunnerOptions
+from runner.supervisor import Supervisor
+
+from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.ledger import WorkerRun
+from scrinalia.domains.archive.workers.plugins import load_catalogue
+from scrinalia.domains.archive.workers.sdk import UnknownWorker
+from scrinalia.settings import DatabaseUrl, Settings
+
+log = logging.getLogger("scrinalia.runner.oneshot")
+
+
+def run_once(
+    database_url: str,
+    worker_name: str,
+    request: Mapping[str, Any],
+    *,
+    requested_by: str | None = None,
+    lease_seconds: float = 60.0,
+    heartbeat_seconds: float = 15.0,
+    settings: Settings | None = None,
+    max_runtime: float | None = None,
+    cancel_grace: float = 60.0,
+    preload: tuple[str, ...] = (),
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_start: Callable[[WorkerRun], None] | None = None,
+    handle_signals: bool = False,
+) -> WorkerRun:
+    """Run ``worker_name`` once, now, in a child process; block; return the run's final row.
+
+    Raises ``SchemaBehind`` (the database is not migrated), ``UnknownWorker``, ``InvalidRunRequest``
+    (the request's shape) and ``WorkerRunAlreadyActive`` (the worker's slot is taken) before anything
+    runs. Every other outcome is in the returned row (SUCCESS, FAILED, CANCELLED, INTERRUPTED).
+    ``handle_signals`` (the CLI; main thread only): Ctrl-C cancels, a second Ctrl-C kills.
+    """
+    options = RunnerOptions(
+        name=f"cli:{requested_by or _user()}",
+        capabilities=(worker_name,),
+        concurrency=1,
+        heartbeat_seconds=heartbeat_seconds,
+        lease_seconds=lease_seconds,
+        max_runtime=max_runtime,
+        cancel_grace=cancel_grace,
+        start_method="spawn",
+        preload=preload,
+    ).validate()
+    url = database_url if isinstance(database_url, DatabaseUrl) else DatabaseUrl(database_url)
+    engine = parent_engine(url, options, settings)
+    try:
+        revision = check_schema(engine)
+        catalogue = load_catalogue()
+        if worker_name not in catalogue:
+            raise UnknownWorker(worker_name, sorted(catalogue))
+        clean = ledger.validate_request(request)
+        # A crashed earlier CLI run would hold the slot until its lease is expired: repair first.
+        ledger.expire_leases(engine)
+        sup = Supervisor(
+            options,
+            engine=engine,
+            database_url=url.render(),
+            child_connect_args=child_connect_args(settings),
+            launcher=SpawnLauncher(preload=preload),
+            registration=registration(options, [worker_name], kind="cli", schema_revision=revision),
+            mode="oneshot",
+            on_progress=(lambda child: on_progress(dict(child.progress or {}))) if on_progress else None,
+            install_signals=handle_signals,
+        )
+        sup.open()
+        try:
+            run = ledger.create_running(
+                engine, worker_name, clean, runner_id=sup.runner_id, lease_seconds=lease_seconds,
+                requested_by=requested_by or _user(),
+            )
+            if on_start is not None:
+                on_start(run)
+            sup.adopt(run)
+            sup.serve()
+            final = sup.finished.get(run.run_id)
+            if final is None:
+                final = ledger.get_run(engine, run.run_id)
+            assert final is not None
+            return final
+        finally:
+            sup.close()
+    finally:
+        engine.dispose()
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "cli"
+
+
+# --- option parsing and the progress bar (the CLI's side) -------------------------------------------
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """``k=v``: v as a JSON scalar (true, false, null, numbers), else as the string itself."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ValueError(f"--option {text!r} must look like key=value")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return key, raw
+    if isinstance(value, (dict, list)):
+        return key, raw  # only scalars are parsed; a structure stays the string that was typed
+    return key, value
+
+
+class ProgressBar:
+    """A one-line progress bar on a terminal (stderr); nothing when stderr is not a TTY."""
+
+    def __init__(self, stream=None, width: int = 30) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self.width = width
+        self.started = time.monotonic()
+        self._drawn = False
+
+    def update(self, progress: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            return
+        done, total = progress.get("done") or 0, progress.get("total")
+        unit = progress.get("unit") or "units"
+        rate = done / max(time.monotonic() - self.started, 1e-9)
+        if isinstance(total, int) and total > 0:
+            filled = int(self.width * min(done, total) / total)
+            bar = "#" * filled + "-" * (self.width - filled)
+            text = f"[{bar}] {done}/{total} {unit} {100 * done / total:5.1f}%  {rate:.1f}/s"
+        else:
+            text = f"{done} {unit}  {rate:.1f}/s"
+        self.stream.write("\r" + text + "\033[K")
+        self.stream.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        if self.enabled and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()

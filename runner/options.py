@@ -1,0 +1,103 @@
+"""The runner's options (the daemon's flags) and the process exit codes."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+# Exit codes of `scrinalia-runner daemon` and `scrinalia-runner run` (docs/operations.md, "Runner").
+EXIT_OK = 0
+EXIT_FAILED = 1            # run: the run ended FAILED (or INTERRUPTED by a lost lease); daemon: crashed
+EXIT_USAGE = 2             # a bad flag or option, an unknown worker
+EXIT_SLOT_BUSY = 3         # run: the worker already has an active run (uq_worker_run_active)
+EXIT_SCHEMA_BEHIND = 4     # the database's alembic_version is not the bundled head
+EXIT_DATABASE = 5          # the database did not answer at start
+EXIT_ALREADY_RUNNING = 6   # daemon: a live supervisor already answers on this control socket
+EXIT_CANCELLED = 130       # run: the run ended CANCELLED (or was interrupted by a second Ctrl-C)
+
+DEFAULT_PRELOAD = ("torch", "transformers")
+START_METHODS = ("forkserver", "spawn")
+
+
+class OptionsError(ValueError):
+    """A flag value that cannot work; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOptions:
+    name: str
+    capabilities: tuple[str, ...] | None = None  # None: every worker of the catalogue
+    concurrency: int = 1
+    heartbeat_seconds: float = 15.0
+    lease_seconds: float = 60.0
+    poll_seconds: float = 2.0
+    drain_timeout: float = 120.0
+    max_runtime: float | None = None
+    cancel_grace: float = 60.0
+    kill_grace: float = 5.0  # between SIGTERM and SIGKILL when the supervisor stops a child
+    preload: tuple[str, ...] = DEFAULT_PRELOAD
+    start_method: str = "forkserver"
+    socket_path: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> "RunnerOptions":
+        if not self.name or not self.name.strip():
+            raise OptionsError("--name must not be empty")
+        if self.concurrency < 1:
+            raise OptionsError(f"--concurrency must be at least 1, got {self.concurrency}")
+        if self.heartbeat_seconds <= 0:
+            raise OptionsError(f"--heartbeat must be positive, got {self.heartbeat_seconds}")
+        if self.lease_seconds <= self.heartbeat_seconds:
+            raise OptionsError(
+                f"--lease ({self.lease_seconds:g} s) must exceed --heartbeat ({self.heartbeat_seconds:g} s): "
+                "a lease that is not longer than the interval that renews it expires between two heartbeats "
+                "(the default is --heartbeat 15 --lease 60)"
+            )
+        if self.poll_seconds <= 0:
+            raise OptionsError(f"--poll must be positive, got {self.poll_seconds}")
+        if self.drain_timeout < 0:
+            raise OptionsError("--drain-timeout must not be negative")
+        if self.max_runtime is not None and self.max_runtime <= 0:
+            raise OptionsError("--max-runtime must be positive")
+        if self.cancel_grace < 0 or self.kill_grace < 0:
+            raise OptionsError("--cancel-grace and --kill-grace must not be negative")
+        if self.start_method not in START_METHODS:
+            raise OptionsError(f"--start-method must be one of {', '.join(START_METHODS)}")
+        return self
+
+    @property
+    def fence_margin(self) -> float:
+        """Seconds before the lease ends at which the supervisor kills its children if not renewed.
+
+        Half of the smaller of the heartbeat and the slack (lease - heartbeat): a missed heartbeat is
+        retried before, and the children are dead before another runner may expire their rows.
+        """
+        return min(self.heartbeat_seconds, self.lease_seconds - self.heartbeat_seconds) / 2
+
+    def with_(self, **changes) -> "RunnerOptions":
+        return replace(self, **changes)
+
+
+def parse_list(value: str | None) -> tuple[str, ...]:
+    """'a, b,,c' -> ('a', 'b', 'c'); 'none' or '' -> ()."""
+    if value is None:
+        return ()
+    items = tuple(v.strip() for v in value.split(",") if v.strip())
+    return () if items in {("none",), ("-",)} else items
+
+
+def runtime_dir() -> Path:
+    """Where the control sockets live: $RUNTIME_DIRECTORY (systemd), $XDG_RUNTIME_DIR/scrinalia-runner,
+    else /run/scrinalia-runner."""
+    explicit = os.environ.get("RUNTIME_DIRECTORY")
+    if explicit:
+        return Path(explicit.split(":")[0])
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "scrinalia-runner"
+    return Path("/run/scrinalia-runner")
+
+
+def default_socket_path(name: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "runner"
+    return runtime_dir() / f"{safe}.sock"

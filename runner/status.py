@@ -1,0 +1,175 @@
+"""The status snapshot of a live supervisor, and how ``scrinalia-runner status`` shows it.
+
+``scrinalia-runner status --json`` prints the snapshot below unchanged (one JSON object per runner,
+in a list). Its fields, documented in docs/operations.md ("Runner" > "status"):
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+# Field -> meaning. The tests check that the JSON has exactly these top-level fields.
+STATUS_FIELDS: dict[str, str] = {
+    "runner_id": "the runner's id (archive_worker_runners.runner_id)",
+    "name": "its --name",
+    "kind": "daemon (the one-shot CLI has no control socket)",
+    "hostname": "the host's name",
+    "pid": "the supervisor's pid",
+    "version": "the scrinalia-runner package version",
+    "started_at": "when the supervisor started (ISO 8601, UTC, the host's clock)",
+    "uptime_seconds": "seconds since then",
+    "state": "running | draining | fenced (the lease could not be renewed: no claims)",
+    "draining": "true once SIGTERM/SIGINT or a registry drain request was received",
+    "drain_reason": "why it drains, or null",
+    "drain_deadline_seconds": "seconds until the remaining children are stopped, or null",
+    "database": "{state: ok|unreachable|unknown, error: the last error's class or null, "
+                "last_heartbeat_age_seconds: seconds since the last renewed heartbeat}",
+    "lease_margin_seconds": "seconds left on the lease of the last heartbeat (the children are killed at "
+                            "fence_margin_seconds), or null before the first heartbeat",
+    "fence_margin_seconds": "the margin at which the supervisor self-fences",
+    "heartbeat_seconds": "--heartbeat",
+    "lease_seconds": "--lease",
+    "poll_seconds": "--poll",
+    "concurrency": "--concurrency",
+    "capabilities": "the workers this runner claims",
+    "launcher": "{start_method: forkserver|spawn, pid, preload, preloaded, preload_seconds, healthy}",
+    "counters": "runs since start: claimed, SUCCESS, FAILED, CANCELLED, INTERRUPTED, lost",
+    "children": "one object per child: pid, run_id, worker, phase (starting|running|finishing|stopping), "
+                "elapsed_seconds, progress ({done, total, unit, ...} or null), rss_bytes, "
+                "gpu_memory_bytes (NVML, null without a GPU), cancel_requested",
+}
+
+
+def package_version() -> str:
+    try:
+        return version("scrinalia-runner")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def supervisor_status(sup: Any) -> dict[str, Any]:
+    now = time.monotonic()
+    margin = sup._lease_margin()
+    state = "draining" if sup.draining else ("fenced" if sup.fenced else "running")
+    snapshot = {
+        "runner_id": str(sup.runner_id),
+        "name": sup.registration.name,
+        "kind": sup.registration.kind,
+        "hostname": sup.registration.hostname,
+        "pid": os.getpid(),
+        "version": sup.registration.package_version,
+        "started_at": datetime.fromtimestamp(sup.started_wall, timezone.utc).isoformat(),
+        "uptime_seconds": round(now - sup.started_mono, 3),
+        "state": state,
+        "draining": sup.draining,
+        "drain_reason": sup.drain_reason,
+        "drain_deadline_seconds": round(max(0.0, sup.drain_deadline - now), 3)
+        if sup.draining and sup.drain_deadline is not None else None,
+        "database": {
+            "state": sup.db_state,
+            "error": sup.db_error,
+            "last_heartbeat_age_seconds": round(now - sup.last_heartbeat_ok, 3)
+            if sup.last_heartbeat_ok is not None else None,
+        },
+        "lease_margin_seconds": round(margin, 3) if margin != float("inf") else None,
+        "fence_margin_seconds": round(sup.options.fence_margin, 3),
+        "heartbeat_seconds": sup.options.heartbeat_seconds,
+        "lease_seconds": sup.options.lease_seconds,
+        "poll_seconds": sup.options.poll_seconds,
+        "concurrency": sup.options.concurrency,
+        "capabilities": list(sup.capabilities),
+        "launcher": sup.launcher.info(),
+        "counters": dict(sup.counters),
+        "children": [c.snapshot(now) for c in sup.children.values()],
+    }
+    assert set(snapshot) == set(STATUS_FIELDS)
+    return snapshot
+
+
+def _bytes(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(value)
+
+
+def _progress(progress: Any) -> str:
+    if not isinstance(progress, dict) or progress.get("done") is None:
+        return "-"
+    total = progress.get("total")
+    text = f"{progress['done']}/{total}" if total is not None else str(progress["done"])
+    return f"{text} {progress.get('unit') or ''}".strip()
+
+
+def render_status(status: dict[str, Any]) -> str:
+    db = status["database"]
+    margin = status["lease_margin_seconds"]
+    lines = [
+        f"runner {status['name']}  id {status['runner_id']}  pid {status['pid']}  on {status['hostname']}"
+        f"  version {status['version']}",
+        f"  state {status['state']}"
+        + (f" ({status['drain_reason']}, {status['drain_deadline_seconds']:.0f}s left)" if status["draining"] else "")
+        + f"  up {status['uptime_seconds']:.0f}s",
+        f"  database {db['state']}" + (f" ({db['error']})" if db["error"] else "")
+        + (f"  last heartbeat {db['last_heartbeat_age_seconds']:.1f}s ago" if db["last_heartbeat_age_seconds"]
+           is not None else "")
+        + (f"  lease margin {margin:.1f}s" if margin is not None else ""),
+        f"  {len(status['children'])}/{status['concurrency']} busy  capabilities {','.join(status['capabilities'])}"
+        f"  launcher {status['launcher'].get('start_method')}",
+        "  counters " + " ".join(f"{k}={v}" for k, v in status["counters"].items()),
+    ]
+    if status["children"]:
+        header = f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} {'RSS':>10} {'GPU':>10}"
+        lines.append(header)
+        for c in status["children"]:
+            lines.append(
+                f"  {c['pid']:>7}  {c['run_id']:<36}  {c['worker'][:20]:<20} {c['phase']:<9} "
+                f"{c['elapsed_seconds']:>7.1f}s  {_progress(c['progress'])[:18]:<18} {_bytes(c['rss_bytes']):>10} "
+                f"{_bytes(c['gpu_memory_bytes']):>10}" + ("  cancel requested" if c["cancel_requested"] else "")
+            )
+    else:
+        lines.append("  no children")
+    return "\n".join(lines)
+
+
+def runner_row_json(row: Any) -> dict[str, Any]:
+    out = {}
+    for key in row.__dataclass_fields__:
+        value = getattr(row, key)
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, uuid.UUID):
+            value = str(value)
+        out[key] = value
+    return out
+
+
+def render_registry(rows: list[Any]) -> str:
+    if not rows:
+        return "no runners in the registry"
+    lines = [f"{'NAME':<24} {'KIND':<7} {'STATE':<8} {'HOST':<20} {'PID':>7} {'VERSION':<10} {'BUSY':>5}  "
+             f"{'LAST HEARTBEAT':<26} RUNNER ID"]
+    for r in rows:
+        lines.append(
+            f"{r.name[:24]:<24} {r.kind:<7} {r.state:<8} {r.hostname[:20]:<20} {r.pid:>7} {r.package_version[:10]:<10} "
+            f"{len(r.children or []):>2}/{r.concurrency:<2}  {r.last_heartbeat_at.isoformat(timespec='seconds'):<26} "
+            f"{r.runner_id}"
+        )
+    return "\n".join(lines)
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, default=str)

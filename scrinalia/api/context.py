@@ -1,0 +1,41 @@
+"""What every request handler reaches through ``request.app.state.ctx``: no module-level state."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from argon2 import PasswordHasher
+from fastapi import Request
+from sqlalchemy import Engine
+
+from scrinalia.api.catalogue_view import CountsCache
+from scrinalia.api.settings import ApiSettings
+from scrinalia.domains.archive.workers.sdk import WorkerSpec
+from scrinalia.domains.identity.auth import LockoutPolicy
+from scrinalia.domains.identity.ratelimit import SlidingWindowLimiter
+from scrinalia.settings import Settings
+
+
+@dataclass
+class AppContext:
+    engine: Engine
+    settings: Settings | None
+    api: ApiSettings
+    catalogue: dict[str, WorkerSpec]
+    hasher: PasswordHasher | None = None  # None: the default argon2id profile
+    owns_engine: bool = False
+    login_limiter: SlidingWindowLimiter = field(init=False)
+    counts: CountsCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.counts = CountsCache(self.api.counts_max_age_seconds)
+        # The per-process brake (ADR 0014 decision 7); the durable lockout is in auth_users.
+        self.login_limiter = SlidingWindowLimiter(self.api.login_rate_limit, self.api.login_rate_window_seconds)
+
+    @cached_property
+    def lockout(self) -> LockoutPolicy:
+        return LockoutPolicy(self.api.lockout_threshold, self.api.lockout_base_seconds, self.api.lockout_max_seconds)
+
+
+def ctx(request: Request) -> AppContext:
+    return request.app.state.ctx

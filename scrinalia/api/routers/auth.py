@@ -1,0 +1,114 @@
+"""/api/v1/auth: login, logout, me, change-password."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from scrinalia.api.context import ctx
+from scrinalia.api.errors import ApiError, field_errors
+from scrinalia.api.schemas import ChangePasswordIn, ErrorOut, LoginIn, SessionOut
+from scrinalia.api.security import COOKIE_NAME, Principal, session_principal
+from scrinalia.domains.identity import auth as identity_auth
+from scrinalia.domains.identity.errors import AccountLocked, InvalidCredentials, InvalidUserInput
+from scrinalia.domains.identity.sessions import create_session, revoke_session
+
+log = logging.getLogger("scrinalia.api.auth")
+router = APIRouter(prefix="/auth", tags=["auth"])
+
+
+def client_address(request: Request) -> str:
+    # uvicorn rewrites request.client from X-Forwarded-For only for --forwarded-allow-ips proxies.
+    return request.client.host if request.client else "unknown"
+
+
+def _user_out(user) -> dict[str, Any]:
+    data = user.to_json()
+    return {k: data[k] for k in ("id", "email", "role", "is_active", "must_change_password", "last_login_at", "created_at")}
+
+
+@router.post(
+    "/login",
+    response_model=SessionOut,
+    responses={401: {"model": ErrorOut}, 423: {"model": ErrorOut}, 429: {"model": ErrorOut}},
+    summary="Open a session (sets the HttpOnly cookie, or answers a bearer token with issue_token)",
+)
+def login(body: LoginIn, request: Request, response: Response) -> dict[str, Any]:
+    c = ctx(request)
+    address = client_address(request)
+    wait = c.login_limiter.hit(address)
+    if wait:
+        raise ApiError(429, "rate_limited", "too many login attempts from this address; try again later",
+                       headers={"Retry-After": str(int(wait) + 1)}, retry_after=int(wait) + 1)
+    try:
+        user = identity_auth.authenticate(c.engine, body.email, body.password, policy=c.lockout, hasher=c.hasher)
+    except AccountLocked as exc:
+        log.warning("login refused: account locked (address %s)", address)
+        raise ApiError(423, "locked", str(exc), headers={"Retry-After": str(exc.retry_after_seconds)},
+                       retry_after=exc.retry_after_seconds) from None
+    except InvalidCredentials as exc:
+        log.info("login failed (address %s)", address)
+        raise ApiError(401, "invalid_credentials", str(exc)) from None
+    session = create_session(
+        c.engine, user.id, hours=c.api.session_hours, client_address=address,
+        user_agent=request.headers.get("user-agent"),
+    )
+    log.info("login: user %s (address %s)", user.id, address)
+    out = {
+        "user": _user_out(user),
+        "csrf_token": session.csrf_token,
+        "expires_at": session.expires_at.isoformat(),
+        "must_change_password": user.must_change_password,
+        "token": None,
+    }
+    if body.issue_token:
+        out["token"] = session.token
+    else:
+        response.set_cookie(
+            COOKIE_NAME, session.token, max_age=int(c.api.session_hours * 3600), path="/",
+            secure=c.api.cookie_secure, httponly=True, samesite=c.api.cookie_samesite,
+        )
+    response.headers["Cache-Control"] = "no-store"
+    return out
+
+
+@router.post("/logout", status_code=204, responses={401: {"model": ErrorOut}, 403: {"model": ErrorOut}},
+             summary="Revoke this session and clear the cookie")
+def logout(request: Request, principal: Principal = Depends(session_principal)) -> Response:
+    c = ctx(request)
+    revoke_session(c.engine, principal.session.session_id)
+    response = Response(status_code=204)
+    response.delete_cookie(COOKIE_NAME, path="/", secure=c.api.cookie_secure, httponly=True,
+                           samesite=c.api.cookie_samesite)
+    return response
+
+
+@router.get("/me", response_model=SessionOut, responses={401: {"model": ErrorOut}},
+            summary="The session's user, its CSRF token and expiry")
+def me(response: Response, principal: Principal = Depends(session_principal)) -> dict[str, Any]:
+    response.headers["Cache-Control"] = "no-store"
+    return {
+        "user": _user_out(principal.user),
+        "csrf_token": principal.session.csrf_token,
+        "expires_at": principal.session.expires_at.isoformat(),
+        "must_change_password": principal.user.must_change_password,
+        "token": None,
+    }
+
+
+@router.post("/change-password", status_code=204,
+             responses={401: {"model": ErrorOut}, 403: {"model": ErrorOut}, 422: {"model": ErrorOut}},
+             summary="Change one's own password (also the forced change); revokes the user's other sessions")
+def change_password(body: ChangePasswordIn, request: Request,
+                    principal: Principal = Depends(session_principal)) -> Response:
+    c = ctx(request)
+    try:
+        identity_auth.change_password(
+            c.engine, principal.user, body.current_password, body.new_password,
+            session_id=principal.session.session_id, min_length=c.api.password_min_length, hasher=c.hasher,
+        )
+    except InvalidUserInput as exc:
+        raise field_errors({exc.field: exc.message}) from None
+    log.info("password changed: user %s", principal.user.id)
+    return Response(status_code=204)

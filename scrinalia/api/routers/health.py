@@ -1,0 +1,58 @@
+"""GET /healthz (no session, no secrets) and GET /metrics (Prometheus text, from the database)."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from scrinalia.api import views
+from scrinalia.api.context import ctx
+from scrinalia.api.errors import not_found
+from scrinalia.api.schemas import HealthOut
+
+log = logging.getLogger("scrinalia.api.health")
+router = APIRouter(tags=["health"])
+
+
+def health(request: Request) -> JSONResponse:
+    version = views.package_version()
+    try:
+        _, revision = views._clock(ctx(request).engine)
+    except Exception as exc:  # noqa: BLE001 - the class only: a driver message may name the host
+        log.warning("healthz: database unreachable (%s)", type(exc).__name__)
+        body = {"status": "degraded", "database": "unreachable", "schema": "unknown", "version": version}
+        return JSONResponse(body, status_code=503)
+    if revision == views.schema_head():
+        schema = "current"
+    elif revision is None:
+        schema = "behind"
+    else:
+        from scrinalia.db import migrate
+
+        try:
+            from alembic.script import ScriptDirectory
+
+            script = ScriptDirectory.from_config(migrate.alembic_config())
+            known = {r.revision for r in script.walk_revisions()}
+            schema = "behind" if revision in known else "ahead_or_unknown"
+        except Exception:  # noqa: BLE001
+            schema = "ahead_or_unknown"
+    status = "ok" if schema == "current" else "degraded"
+    body = {"status": status, "database": "ok", "schema": schema, "version": version}
+    return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+
+router.add_api_route("/healthz", health, methods=["GET"], response_model=HealthOut,
+                     responses={503: {"model": HealthOut}}, summary="Liveness and readiness: database and schema")
+
+
+@router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics (text format 0.0.4)",
+            responses={200: {"content": {"text/plain": {}}}})
+def metrics(request: Request) -> Any:
+    c = ctx(request)
+    if not c.api.metrics_enabled:
+        raise not_found("metrics")
+    return PlainTextResponse(views.metrics_text(c.engine, c.catalogue, c.counts),
+                             media_type="text/plain; version=0.0.4; charset=utf-8")

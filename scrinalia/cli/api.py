@@ -1,0 +1,37 @@
+"""``scrinalia api``: serve the API (and the panel's static files) with uvicorn."""
+from __future__ import annotations
+
+import click
+
+
+@click.command("api")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Processes; the API is stateless across them")
+@click.option("--forwarded-allow-ips", default="127.0.0.1", show_default=True,
+              help="Proxies whose X-Forwarded-For is trusted (the login rate limit is per client address)")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@click.option("--reload", is_flag=True, help="Restart on code changes (development)")
+def command(host: str, port: int, workers: int, forwarded_allow_ips: str, log_level: str, reload: bool) -> None:
+    """Run the API: uvicorn --factory scrinalia.api.app:create_app."""
+    import uvicorn
+
+    from scrinalia.api.settings import load_api_settings
+    from scrinalia.settings import get_settings
+
+    get_settings().require_database_url()  # fail now, with a clear message, not in every worker
+    load_api_settings()
+    uvicorn.run(
+        "scrinalia.api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=None if reload else workers,
+        reload=reload,
+        proxy_headers=True,
+        forwarded_allow_ips=forwarded_allow_ips,
+        log_level=log_level,
+        server_header=False,
+    )

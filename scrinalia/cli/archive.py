@@ -1,0 +1,90 @@
+"""``scrinalia archive``: import descriptions, load the demo collection, look at the workers' queues."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from scrinalia.db.engine import app_engine
+from scrinalia.settings import get_settings
+
+
+def _engine():
+    return app_engine(get_settings(), application_name="scrinalia-cli")
+
+
+@click.group("archive")
+def command() -> None:
+    """The archive: import descriptions, the demo collection, the workers' queues."""
+
+
+@command.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default=None,
+              help="Default: from the file's extension (.jsonl/.ndjson or .csv).")
+@click.option("--on-conflict", type=click.Choice(["error", "skip", "update"]), default="error", show_default=True,
+              help="What to do with a reference code already in the archive.")
+def import_command(file: Path, fmt: str | None, on_conflict: str) -> None:
+    """Import FILE (JSONL or CSV). Every bad line is reported with its number; nothing is half-imported."""
+    from scrinalia.domains.archive.importer import ImportFailed, import_file
+
+    engine = _engine()
+    try:
+        report = import_file(engine, file, fmt=fmt, on_conflict=on_conflict)
+    except ImportFailed as exc:
+        for error in exc.errors:
+            click.echo(f"{file.name}:{error.line}: {error.message}", err=True)
+        click.echo(f"{len(exc.errors)} error(s): nothing was imported", err=True)
+        sys.exit(1)
+    except (ValueError, UnicodeDecodeError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    finally:
+        engine.dispose()
+    click.echo(f"imported {report.inserted} new, updated {report.updated}, skipped {report.skipped} "
+               f"(from {file.name})")
+
+
+@command.command("demo")
+def demo_command() -> None:
+    """Load the demo collection shipped with the package (idempotent)."""
+    from scrinalia.domains.archive.demo import load_demo_collection
+
+    engine = _engine()
+    try:
+        click.echo(f"demo collection: {load_demo_collection(engine)} new documents")
+    finally:
+        engine.dispose()
+
+
+@command.command("queues")
+def queues_command() -> None:
+    """Pending, processed and failed units per worker (the same condition as the execution)."""
+    from scrinalia.domains.archive.workers.plugins import load_catalogue
+
+    engine = _engine()
+    try:
+        for name, spec in load_catalogue().items():
+            counts = spec.counts(engine)
+            if counts is None:
+                click.echo(f"{name:20s} (no queue)")
+            else:
+                click.echo(f"{name:20s} pending {counts['pending']:>8}  processed {counts['processed']:>8}  "
+                           f"failed {counts['failed']:>6}")
+    finally:
+        engine.dispose()
+
+
+@command.command("reset-stamps")
+@click.argument("stamp_key")
+@click.confirmation_option(prompt="Forget this stamp on every document (its worker will redo them all)?")
+def reset_stamps_command(stamp_key: str) -> None:
+    """Forget STAMP_KEY (a worker's stamp key) on every document, so the worker redoes the whole archive."""
+    from scrinalia.domains.archive.workers.stamps import reset_stamps
+
+    engine = _engine()
+    try:
+        click.echo(f"{reset_stamps(engine, stamp_key)} documents will be processed again by {stamp_key}")
+    finally:
+        engine.dispose()

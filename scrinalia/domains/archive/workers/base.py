@@ -1,0 +1,61 @@
+"""The loop every document worker shares: pending batches (keyset-paged), per-unit errors, tallies."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection
+
+from scrinalia.domains.archive.workers.sdk import RunContext
+from scrinalia.domains.archive.workers.stamps import StampQueue, error_text
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def pending_batches(ctx: RunContext, queue: StampQueue, columns: str,
+                    params: dict[str, Any] | None = None) -> Iterator[list[Any]]:
+    """Batches of pending documents, by the queue's own condition, through ``ctx.batches``.
+
+    Paged by id (``id > last``), so a document that stays pending (edited since its fetch, or skipped
+    because it became HUMAN_APPROVED) is not fetched again in the same run: every run terminates.
+    The run's total is the pending count at the start (the same condition).
+    """
+    sql = queue.fetch_sql(columns)
+    state = {"after": 0}
+
+    def fetch(conn: Connection, size: int) -> list[Any]:
+        rows = conn.execute(sql, {"after": state["after"], "limit": size, **(params or {})}).all()
+        if rows:
+            state["after"] = rows[-1].id
+        return rows
+
+    ctx.total = queue.pending_count(ctx.engine)
+    ctx.result.setdefault("pending_at_start", ctx.total)
+    ctx.report_progress(0, ctx.total)
+    yield from ctx.batches(fetch)
+
+
+class SystematicFailure(RuntimeError):
+    """Every unit of a batch failed on its own: the engine is broken, not the documents. Fail the run
+    rather than stamp the whole archive ERROR."""
+
+
+def per_unit(items: Sequence[T], batch_fn: Callable[[list[T]], list[R]]) -> list[tuple[R | None, str | None]]:
+    """Run ``batch_fn`` on the batch; if it raises, retry unit by unit so one bad unit is stamped ERROR
+    and the others DONE. Raises ``SystematicFailure`` when every unit of a multi-unit batch fails."""
+    try:
+        results = batch_fn(list(items))
+        if len(results) != len(items):
+            raise RuntimeError(f"engine returned {len(results)} results for {len(items)} inputs")
+        return [(r, None) for r in results]
+    except Exception as batch_exc:  # noqa: BLE001 - retried unit by unit below
+        out: list[tuple[R | None, str | None]] = []
+        for item in items:
+            try:
+                out.append((batch_fn([item])[0], None))
+            except Exception as exc:  # noqa: BLE001 - stamped ERROR with its message
+                out.append((None, error_text(exc)))
+        if len(items) > 1 and all(err is not None for _, err in out):
+            raise SystematicFailure(f"every unit of the batch failed: {error_text(batch_exc)}") from batch_exc
+        return out

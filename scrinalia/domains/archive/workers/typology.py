@@ -1,0 +1,101 @@
+"""``typology``: zero-shot classification of each title against the active typologies (NLI, local model).
+
+A typology is linked when its score reaches ``threshold`` (0.40 by default). The document's previous
+typology links are replaced. Stamp: md5 of the title (an edited title is re-classified); a run with no
+active typology stamps nothing (adding typologies later must find the documents still pending).
+Governed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from scrinalia.domains.archive.workers.base import pending_batches, per_unit
+from scrinalia.domains.archive.workers.engines.nli import ZERO_SHOT
+from scrinalia.domains.archive.workers.sdk import OptionSpec, RunContext, WorkerSpec
+from scrinalia.domains.archive.workers.stamps import DONE, ERROR, TITLE_STAMP_SQL, StampQueue
+
+QUEUE = StampQueue(key="typology", stamp_sql=TITLE_STAMP_SQL, governed=True)
+THRESHOLD = 0.40
+
+_DELETE = text("DELETE FROM archive_document_typologies WHERE document_id = ANY(CAST(:ids AS bigint[]))")
+_INSERT = text(
+    """
+    INSERT INTO archive_document_typologies (document_id, typology_id, score, run_id)
+    SELECT d, t, s, CAST(:run_id AS uuid)
+      FROM unnest(CAST(:docs AS bigint[]), CAST(:typologies AS bigint[]), CAST(:scores AS float8[])) AS v(d, t, s)
+    """
+)
+
+
+def select_labels(scores: dict[str, float], threshold: float) -> dict[str, float]:
+    return {label: score for label, score in scores.items() if score >= threshold}
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    options = ctx.options
+    if "{}" not in options["hypothesis_template"]:
+        raise ValueError("options.hypothesis_template must contain {} (where the typology goes)")
+    with ctx.engine.connect() as conn:
+        typologies = {r.name: r.id for r in conn.execute(
+            text("SELECT id, name FROM archive_typologies WHERE active ORDER BY id"))}
+    ctx.result["typologies"] = len(typologies)
+    if not typologies:
+        ctx.result["skipped"] = "no active typology: nothing stamped"
+        return ctx.result
+    model = ctx.get_engine(SPEC)
+    ctx.result["model"] = model.model_name
+    labels = list(typologies)
+
+    def classify(titles: list[str]) -> list[dict[str, float]]:
+        return model.classify(titles, labels, options["hypothesis_template"], options["multi_label"])
+
+    for batch in pending_batches(ctx, QUEUE, "d.title"):
+        todo = [r for r in batch if r.title.strip()]
+        scored = dict(zip((r.id for r in todo), per_unit([r.title for r in todo], classify)))
+        stamps, links = [], []
+        for row in batch:
+            scores, error = scored.get(row.id, ({}, None))
+            stamps.append((row.id, row.stamp, ERROR if error else DONE, error))
+            if error is None:
+                for label, score in select_labels(scores or {}, options["threshold"]).items():
+                    links.append((row.id, typologies[label], score))
+
+        def write(conn: Connection) -> int:
+            stamped = QUEUE.write_stamps(conn, ctx.run_id, stamps)
+            ok = [s[0] for s in stamps if s[0] in stamped and s[2] == DONE]
+            if ok:
+                conn.execute(_DELETE, {"ids": ok})
+            keep = [link for link in links if link[0] in stamped]
+            if keep:
+                conn.execute(_INSERT, {"run_id": str(ctx.run_id), "docs": [k[0] for k in keep],
+                                       "typologies": [k[1] for k in keep], "scores": [k[2] for k in keep]})
+            return len(keep)
+
+        linked = ctx.commit(write)
+        ctx.tally(len(batch), links=linked, errors=sum(1 for s in stamps if s[2] == ERROR))
+    return ctx.result
+
+
+SPEC = WorkerSpec(
+    name="typology",
+    label="Typology",
+    description="Zero-shot classification of each title against the active typologies with a local NLI "
+                "model; a typology is linked when its score reaches the threshold (0.40).",
+    run=run,
+    unit="document",
+    governed=True,
+    engine_source="settings",
+    stamp_key=QUEUE.key,
+    default_batch_size=32,
+    options={
+        "threshold": OptionSpec("float", THRESHOLD, "minimum score of a linked typology", minimum=0.0, maximum=1.0),
+        "hypothesis_template": OptionSpec("str", "This document is {}.", "the NLI hypothesis; {} is the typology"),
+        "multi_label": OptionSpec("bool", False, "score each typology on its own instead of a softmax over them"),
+    },
+    engines={ZERO_SHOT.name: ZERO_SHOT},
+    default_engine=ZERO_SHOT.name,
+    requires=(),
+    queue=QUEUE,
+)

@@ -1,0 +1,68 @@
+"""Test workers for the panel's browser tests, registered with
+``SCRINALIA_WORKER_PLUGINS=tests.panel.panel_workers:WORKERS`` in the API and the runner processes.
+
+* ``panel-slow``: synthetic units in slow batches, reporting progress after each, so a browser can see
+  RUNNING with a moving progress bar; the SDK's batch loop honours cancellation between batches.
+* ``panel-crash``: writes a line to stderr and then dies of SIGSEGV (a real segfault through ctypes),
+  the way a CUDA crash kills a child: the parent records FAILED with exit fields and a fingerprint.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+import time
+from typing import Any
+
+from scrinalia.domains.archive.workers.sdk import OptionSpec, RunContext, WorkerSpec
+
+
+def run_slow(ctx: RunContext) -> dict[str, Any]:
+    units = int(ctx.config.options.get("units", 24))
+    delay = float(ctx.config.options.get("delay", 0.5))
+    done = 0
+    ctx.report_progress(0, units, "item")
+
+    def fetch(_conn, size: int) -> list[int]:
+        return list(range(done, min(units, done + size)))
+
+    for batch in ctx.batches(fetch):
+        time.sleep(delay)
+        ctx.commit(lambda _conn: None)  # the fenced commit every real worker makes per batch
+        done += len(batch)
+        ctx.report_progress(done, units, "item")
+    return {"items": done}
+
+
+def run_crash(ctx: RunContext) -> dict[str, Any]:
+    ctx.report_progress(1, 10, "item")
+    time.sleep(float(ctx.config.options.get("delay", 0.3)))
+    sys.stderr.write("panel-crash: the device fell over while reading unit 2\n")
+    sys.stderr.flush()
+    ctypes.string_at(0)  # SIGSEGV
+    return {}
+
+
+SLOW = WorkerSpec(
+    name="panel-slow",
+    label="Slow batches (test)",
+    description="Synthetic items in slow batches, for the panel's browser tests.",
+    run=run_slow,
+    unit="item",
+    default_batch_size=2,
+    options={
+        "units": OptionSpec("int", 24, "How many items to process", minimum=1, maximum=100_000),
+        "delay": OptionSpec("float", 0.5, "Seconds per batch", minimum=0.0, maximum=60.0),
+    },
+)
+
+CRASH = WorkerSpec(
+    name="panel-crash",
+    label="Crashing worker (test)",
+    description="Dies of SIGSEGV after a moment, as a CUDA crash would.",
+    run=run_crash,
+    unit="item",
+    default_batch_size=1,
+    options={"delay": OptionSpec("float", 0.3, "Seconds before the crash", minimum=0.0, maximum=60.0)},
+)
+
+WORKERS = [SLOW, CRASH]

@@ -1,0 +1,125 @@
+"""``scrinalia-runner status``, the supervisor that never imports torch, and secrets kept out of sight."""
+from __future__ import annotations
+
+import pytest
+
+import json
+import subprocess
+import uuid
+
+from sqlalchemy.engine import make_url
+
+from runner import control
+from runner.procinfo import mapped_files
+from runner.status import STATUS_FIELDS
+from scrinalia.domains.archive import registry
+
+from tests.runner.conftest import ROOT, RUNNER, enqueue, wait_for, wait_status
+
+pytestmark = pytest.mark.slow
+
+CHILD_FIELDS = {"pid", "run_id", "worker", "phase", "elapsed_seconds", "progress", "rss_bytes",
+                "gpu_memory_bytes", "cancel_requested"}
+
+
+def _cli(env, *args):
+    return subprocess.run([*RUNNER, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_parent_never_imports_torch_while_the_fork_server_preloads_it(start_runner, engine):
+    runner = start_runner("--heartbeat", "0.5", "--lease", "5", "--poll", "0.2", preload="torch,transformers")
+    status = runner.status()
+    assert status["launcher"]["start_method"] == "forkserver"
+    assert status["launcher"]["preloaded"] == ["torch", "transformers"]
+    run = enqueue(engine, "slow", units=20, pause=0.1)
+    child = runner.child_for(run.run_id)
+
+    def torch_libs(pid):
+        return {f for f in mapped_files(pid) if "libtorch" in f}
+
+    assert torch_libs(status["launcher"]["pid"]), "the fork server preloaded torch"
+    assert torch_libs(child["pid"]), "a child is a fork of the preloaded fork server"
+    assert not torch_libs(runner.pid), "the supervisor mapped libtorch"
+    modules = control.query(runner.socket_path, {"command": "modules"})
+    assert modules["pid"] == runner.pid
+    assert modules["loaded"]["torch"] is False and modules["loaded"]["transformers"] is False
+    assert wait_status(engine, run.run_id, "SUCCESS").metrics["child_ready_ms"] >= 0
+    assert not torch_libs(runner.pid)
+
+
+def test_status_shows_the_children_of_a_live_runner_and_json_has_the_documented_fields(
+    start_runner, runner_env, engine, database_url
+):
+    secret = "s3cr3t-Pw-do-not-leak"
+    url = make_url(database_url).set(password=secret).render_as_string(hide_password=False)
+    env = dict(runner_env, DATABASE_URL=url)
+    runner = start_runner("--heartbeat", "0.5", "--lease", "5", "--poll", "0.2", "--concurrency", "2", env=env)
+    runs = [enqueue(engine, "slow", units=200, pause=0.1), enqueue(engine, "hang")]
+    for r in runs:
+        runner.child_for(r.run_id)
+    wait_for(lambda: any((c["progress"] or {}).get("done") for c in runner.children()), 20, what="progress")
+
+    done = _cli(env, "status", "--socket", str(runner.socket_path), "--json")
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout)
+    assert isinstance(answers, list) and len(answers) == 1
+    status = answers[0]
+    assert set(status) == set(STATUS_FIELDS)
+    assert status["name"] == runner.name and status["pid"] == runner.pid
+    assert status["database"]["state"] == "ok"
+    assert 0 < status["lease_margin_seconds"] <= 5
+    assert status["uptime_seconds"] > 0
+    assert {c["run_id"] for c in status["children"]} == {str(r.run_id) for r in runs}
+    for c in status["children"]:
+        assert set(c) == CHILD_FIELDS
+        assert c["pid"] > 0 and c["elapsed_seconds"] > 0 and c["worker"] in ("slow", "hang")
+        assert c["rss_bytes"] and c["rss_bytes"] > 0
+        assert c["gpu_memory_bytes"] is None  # no GPU on the test machine
+    slow = next(c for c in status["children"] if c["worker"] == "slow")
+    assert slow["progress"]["total"] == 200
+    # The child's process title shows the run, the worker and the progress.
+    with open(f"/proc/{slow['pid']}/cmdline", "rb") as fh:
+        title = fh.read().replace(b"\0", b" ").decode().strip()
+    short = slow["run_id"].replace("-", "")[:8]
+    assert title.startswith(f"scrinalia-runner: run {short} slow batch "), title
+    assert title.endswith("/200"), title
+    with open(f"/proc/{runner.pid}/cmdline", "rb") as fh:
+        assert fh.read().startswith(b"scrinalia-runner: supervisor " + runner.name.encode())
+
+    text_out = _cli(env, "status", "--socket", str(runner.socket_path))
+    assert text_out.returncode == 0
+    for r in runs:
+        assert str(r.run_id) in text_out.stdout
+    assert "lease margin" in text_out.stdout and "database ok" in text_out.stdout
+
+    every = _cli(env, "status", "--all", "--json")
+    assert every.returncode == 0, every.stderr
+    rows = json.loads(every.stdout)
+    mine = [r for r in rows if r["runner_id"] == status["runner_id"]]
+    assert mine and mine[0]["state"] == "online" and mine[0]["kind"] == "daemon"
+    assert len(mine[0]["children"]) == 2
+    assert "online" in _cli(env, "status", "--all").stdout
+
+    # The password reaches no log, no status, no registry row, no process title.
+    snapshot = registry.get_runner(engine, uuid.UUID(status["runner_id"]))
+    assert snapshot.devices == []  # NVML finds no GPU here: nothing, not an error
+    assert snapshot.hostname and snapshot.schema_revision and snapshot.heartbeat_seconds == 0.5
+    for text in (runner.log(), done.stdout, text_out.stdout, every.stdout, repr(snapshot)):
+        assert secret not in text
+    for c in status["children"] + [{"pid": runner.pid}, {"pid": status["launcher"]["pid"]}]:
+        with open(f"/proc/{c['pid']}/cmdline", "rb") as fh:
+            assert secret.encode() not in fh.read()
+
+
+def test_status_without_a_runner_says_so(runner_env, tmp_path):
+    done = _cli(runner_env, "status", "--socket", str(tmp_path / "none.sock"))
+    assert done.returncode == 1 and "no runner answers" in done.stderr
+
+
+def test_the_control_socket_is_private(start_runner):
+    import os
+    import stat
+
+    runner = start_runner()
+    assert stat.S_IMODE(os.stat(runner.socket_path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(runner.socket_path.parent).st_mode) & 0o077 == 0

@@ -1,0 +1,107 @@
+"""Unit tests of the runner's pure parts: framing, options, outcomes, the import guard, /proc readers."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from runner import wire
+from runner.launchers import ChildExit
+from runner.options import OptionsError, RunnerOptions, default_socket_path, parse_list
+from runner.outcome import ERROR_MAX, decide, with_tail
+from runner.procinfo import oom_kill_counter, peak_rss_bytes, rss_bytes
+
+
+def test_frames_survive_being_split_and_batched():
+    a, b = socket.socketpair()
+    b.setblocking(False)
+    reader = wire.FrameReader(b)
+    data = wire.encode("progress", {"done": 1}) + wire.encode("result", {"status": "SUCCESS", "x": "y" * 100_000})
+    a.sendall(data[:7])
+    assert reader.read() == []
+    a.sendall(data[7:])
+    got = []
+    while len(got) < 2:
+        got += reader.read()
+    assert got == [("progress", {"done": 1}), ("result", {"status": "SUCCESS", "x": "y" * 100_000})]
+    a.close()
+    assert reader.read() == [] and reader.eof
+
+
+def test_options_refuse_a_lease_not_above_the_heartbeat_and_compute_the_fence_margin():
+    with pytest.raises(OptionsError, match="must exceed --heartbeat"):
+        RunnerOptions(name="x", heartbeat_seconds=15, lease_seconds=15).validate()
+    assert RunnerOptions(name="x").validate().fence_margin == 7.5  # min(15, 45) / 2
+    assert RunnerOptions(name="x", heartbeat_seconds=1, lease_seconds=1.5).fence_margin == 0.25
+    assert parse_list("torch, transformers,,") == ("torch", "transformers")
+    assert parse_list("none") == ()
+    assert default_socket_path("gpu/1 a").name == "gpu_1_a.sock"
+
+
+def _decide(**kw):
+    base = dict(worker="w", exit=ChildExit(1, None, signal.SIGKILL, 1, 0.1), result=None, kill_reason=None,
+                signals_sent=set(), stderr_tail="", oom_kills_before=0, oom_kills_after=0, max_runtime=None,
+                cancel_grace=60, drain_timeout=120)
+    base.update(kw)
+    return decide(**base)
+
+
+def test_an_unexpected_sigkill_is_an_oom_kill_when_the_cgroup_counter_moved():
+    confirmed = _decide(oom_kills_before=2, oom_kills_after=3)
+    assert confirmed.exit_reason == "oom" and confirmed.error.startswith("OutOfMemory:")
+    possible = _decide()
+    assert possible.exit_reason == "signal" and possible.error.startswith("PossibleOOMKill:")
+    unreadable = _decide(oom_kills_before=None, oom_kills_after=None)
+    assert "cannot be read here" in unreadable.error
+    ours = _decide(signals_sent={signal.SIGKILL}, kill_reason="timeout", max_runtime=5)
+    assert ours.exit_reason == "timeout"
+
+
+def test_a_result_wins_over_how_the_child_ended():
+    out = _decide(result={"status": "SUCCESS", "result": {"n": 1}}, kill_reason="runner-stopped")
+    assert out.status == "SUCCESS" and out.result == {"n": 1}
+    lost = _decide(result={"status": "LEASE_LOST", "error": "LeaseLost: x"})
+    assert lost.write is False
+
+
+def test_errors_keep_their_first_line_and_fit_the_ledger():
+    text = with_tail("ChildCrashed: worker w was killed by SIGSEGV", "line\n" * 5000)
+    assert len(text) <= ERROR_MAX and text.splitlines()[0] == "ChildCrashed: worker w was killed by SIGSEGV"
+
+
+def test_the_import_guard_refuses_torch_in_a_supervisor():
+    code = ("from runner.guard import forbid_heavy_imports; forbid_heavy_imports()\n"
+            "try:\n    import torch\nexcept ImportError as e:\n    print('refused:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "refused: the runner's supervisor must never import 'torch'" in out.stdout
+
+
+def test_proc_readers():
+    assert rss_bytes(os.getpid()) > 0 and peak_rss_bytes(os.getpid()) >= rss_bytes(os.getpid()) // 2
+    assert rss_bytes(2 ** 22 + 7) is None
+    assert oom_kill_counter() is None or oom_kill_counter() >= 0
+
+
+def test_the_progress_bar_draws_on_a_tty_only():
+    import io
+
+    from runner.oneshot import ProgressBar
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    bar = ProgressBar(stream=tty, width=10)
+    bar.update({"done": 5, "total": 10, "unit": "document"})
+    bar.close()
+    assert "[#####-----] 5/10 document  50.0%" in tty.getvalue() and tty.getvalue().endswith("\n")
+    plain = io.StringIO()
+    quiet = ProgressBar(stream=plain)
+    quiet.update({"done": 1, "total": 2})
+    quiet.close()
+    assert plain.getvalue() == ""

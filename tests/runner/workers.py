@@ -1,0 +1,133 @@
+"""Test workers, registered in real runner processes with
+``SCRINALIA_WORKER_PLUGINS=tests.runner.workers:ALL`` (PYTHONPATH = the repository root).
+
+Options (``request["options"]``) steer them; ``accepts_extra_options`` lets the tests pass anything.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import time
+from typing import Any
+
+from scrinalia.domains.archive.workers.sdk import RunContext, WorkerSpec
+
+
+def _opt(ctx: RunContext, name: str, default: Any) -> Any:
+    return (ctx.config.options or {}).get(name, default)
+
+
+def _count_batches(ctx: RunContext, units: int, pause: float) -> dict[str, Any]:
+    """``units`` units in batches of db_batch_size, ``pause`` seconds each, honouring cancellation."""
+    remaining = [units]
+
+    def fetch(conn, size):
+        take = min(size, remaining[0])
+        remaining[0] -= take
+        return list(range(take))
+
+    for batch in ctx.batches(fetch):
+        time.sleep(pause)
+        ctx.report_progress(ctx.done + len(batch), units, "unit")
+        ctx.result["processed"] = ctx.done
+    return {"processed": ctx.done}
+
+
+def run_ok(ctx: RunContext) -> dict[str, Any]:
+    return _count_batches(ctx, int(_opt(ctx, "units", 4)), float(_opt(ctx, "pause", 0.0)))
+
+
+def run_slow(ctx: RunContext) -> dict[str, Any]:
+    return _count_batches(ctx, int(_opt(ctx, "units", 100)), float(_opt(ctx, "pause", 0.2)))
+
+
+def run_raises(ctx: RunContext) -> None:
+    raise ValueError(f"boom in run {ctx.run.run_id}")
+
+
+def run_segfault(ctx: RunContext) -> None:
+    ctypes.string_at(0)
+
+
+def run_exit3(ctx: RunContext) -> None:
+    print("about to os._exit(3)", flush=True)
+    os._exit(3)
+
+
+def run_hang(ctx: RunContext) -> None:
+    """Ignores cancellation and SIGTERM-free: it never reaches a batch boundary."""
+    print("hanging", flush=True)
+    while True:
+        time.sleep(0.1)
+
+
+def run_memory_hog(ctx: RunContext) -> None:
+    """Grows its memory 16 MiB at a time until something kills it.
+
+    Safe on a shared machine: RLIMIT_AS caps the process at its current size + ``cap_mb`` (default
+    512 MiB), beyond which an allocation fails with MemoryError instead of growing further.
+    """
+    cap = int(_opt(ctx, "cap_mb", 512)) * 1024 * 1024
+    with open("/proc/self/statm") as fh:
+        size = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (size + cap, size + cap))
+    hoard = []
+    while True:
+        block = bytearray(16 * 1024 * 1024)
+        for i in range(0, len(block), 4096):
+            block[i] = 1  # touch every page: resident, not just reserved
+        hoard.append(block)
+        ctx.report_progress(len(hoard) * 16, None, "MiB")
+        time.sleep(0.05)
+
+
+def run_sigterm_ignorer(ctx: RunContext) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    run_hang(ctx)
+
+
+def run_committer(ctx: RunContext) -> dict[str, Any]:
+    """Slow batches, each written through RunContext.commit (the lease fence)."""
+    from sqlalchemy import text
+
+    remaining = [int(_opt(ctx, "units", 1000))]
+
+    def fetch(conn, size):
+        take = min(size, remaining[0])
+        remaining[0] -= take
+        return list(range(take))
+
+    for batch in ctx.batches(fetch):
+        time.sleep(float(_opt(ctx, "pause", 0.1)))
+        ctx.commit(lambda conn: conn.execute(text("SELECT 1")))
+        ctx.report_progress(ctx.done + len(batch), None, "unit")
+    return {"processed": ctx.done}
+
+
+def run_noop(ctx: RunContext) -> dict[str, Any]:
+    return {"noop": True}
+
+
+def _spec(name: str, run, batch: int = 1) -> WorkerSpec:
+    return WorkerSpec(
+        name=name, label=name, description=f"test worker {name}", run=run, unit="unit",
+        default_batch_size=batch, accepts_extra_options=True,
+    )
+
+
+ALL = [
+    _spec("ok", run_ok),
+    _spec("slow", run_slow),
+    _spec("slow-b", run_slow),
+    _spec("raises", run_raises),
+    _spec("segfault", run_segfault),
+    _spec("exit3", run_exit3),
+    _spec("hang", run_hang),
+    _spec("memory-hog", run_memory_hog),
+    _spec("stubborn", run_sigterm_ignorer),
+    _spec("noop", run_noop),
+    _spec("committer", run_committer),
+    *[_spec(f"sleepy-{i:02d}", run_slow) for i in range(16)],
+]

@@ -1,0 +1,235 @@
+// One run: the request beside the effective configuration, the timings, the exit fields, the error,
+// the metrics, the result and the chain of attempts.
+import { h, replace, announce, dl } from '../dom.js';
+import * as api from '../api.js';
+import { timeEl, absolute, duration, bytes, number, shortId, json, parseTime } from '../format.js';
+import { statusBadge, progressOf, etaText, activityOf, ACTIVE, queuedReasonText } from '../model.js';
+
+const SIGNALS = { 1: 'SIGHUP', 2: 'SIGINT', 4: 'SIGILL', 6: 'SIGABRT', 7: 'SIGBUS', 8: 'SIGFPE', 9: 'SIGKILL', 11: 'SIGSEGV', 13: 'SIGPIPE', 15: 'SIGTERM' };
+const REASONS = {
+  exception: 'the worker raised an exception',
+  signal: 'the child was killed by a signal',
+  oom: 'the child was killed, probably out of memory',
+  timeout: 'the run exceeded the runner’s --max-runtime',
+  'lease-lost': 'the runner lost the lease',
+  'runner-stopped': 'the runner stopped (drain deadline passed)',
+  cancelled: 'cancelled at a batch boundary',
+  'cancel-forced': 'cancelled by force after the grace period',
+};
+
+export function mount(main, route, ctx) {
+  const runId = route.args[0];
+  const body = h('div');
+  main.append(body);
+  let confirming = false;
+  const chainCache = new Map();
+
+  async function refresh() {
+    let data;
+    try {
+      data = await api.get(`/system/runs/${runId}`);
+    } catch (err) {
+      if (err.status === 404) {
+        replace(body, h('h1', 'Run not found'), h('p', `No run has the id ${runId}.`), h('a', { href: '#/runs' }, 'All runs'));
+        return 'idle';
+      }
+      throw err;
+    }
+    const run = data?.run && typeof data.run === 'object' ? { ...data.run, ...data } : data;
+    const chain = await attempts(run, data);
+    if (run.status === 'QUEUED' && !run.queued_reason) {
+      // The reason lives with the worker (runners, slot, backoff): ask for that one worker.
+      try {
+        const w = await api.get(`/system/workers/${encodeURIComponent(run.worker_name)}`);
+        if (w?.active_run?.run_id === run.run_id) run.queued_reason = w.queued_reason;
+      } catch { /* the detail stands without it */ }
+    }
+    render(run, chain);
+    return activityOf([run.status]);
+  }
+
+  async function attempts(run, data) {
+    const given = data.attempts || data.chain || run.attempts || null;
+    if (Array.isArray(given) && given.length) return given;
+    // Walk retry_of upwards (each earlier attempt is one request; they never change once ended).
+    const chain = [run];
+    let prev = run.retry_of;
+    while (prev && chain.length < 10) {
+      let r = chainCache.get(prev);
+      if (!r) {
+        try { r = await api.get(`/system/runs/${prev}`); } catch { break; }
+        r = r?.run && typeof r.run === 'object' ? r.run : r;
+        chainCache.set(prev, r);
+      }
+      chain.unshift(r);
+      prev = r.retry_of;
+    }
+    return chain;
+  }
+
+  function render(run, chain) {
+    const active = ACTIVE.includes(run.status);
+    const p = progressOf(run);
+    const sections = [];
+
+    sections.push(h('div.page-head',
+      h('div',
+        h('h1', `Run ${shortId(run.run_id)} `, h('span.muted', `· ${run.worker_name}`)),
+        h('p', statusBadge(run.status), ' ', h('span.mono.small', run.run_id))),
+      h('div.actions',
+        active && ctx.canOperate() && !run.cancel_requested_at ? cancelButtons(run) : null,
+        h('a', { href: `#/runs?worker=${encodeURIComponent(run.worker_name)}` }, `All ${run.worker_name} runs`),
+        run.error_fingerprint ? h('a', { href: `#/runs?fingerprint=${encodeURIComponent(run.error_fingerprint)}` }, 'Runs with this error') : null)));
+
+    if (run.status === 'RUNNING') {
+      const label = p.total ? `${number(p.done)} of ${number(p.total)} ${p.unit}s` : `${number(p.done)} ${p.unit}s`;
+      const pct = p.fraction === null ? null : Math.round(p.fraction * 100);
+      const eta = etaText(run);
+      sections.push(h('section.card', { 'aria-labelledby': 'prog-h' },
+        h('h2#prog-h', 'Progress'),
+        h('div.bar', {
+          class: pct === null ? 'indeterminate' : '', role: 'progressbar', 'aria-labelledby': 'prog-h',
+          'aria-valuemin': '0', 'aria-valuemax': p.total ? String(p.total) : false,
+          'aria-valuenow': p.total ? String(p.done) : false, 'aria-valuetext': label,
+        }, h('span', { style: `width: ${pct ?? 0}%` })),
+        h('p.small', label, pct !== null ? ` (${pct}%)` : '', eta ? ` · ${eta}` : '')));
+    }
+    if (run.cancel_requested_at && active) {
+      sections.push(h('p.notice.warn', `Cancellation requested ${run.cancel_requested_by ? `by ${run.cancel_requested_by} ` : ''}`, timeEl(run.cancel_requested_at), ': it stops at the next batch boundary.'));
+    }
+    if (run.status === 'QUEUED') {
+      const reason = run.queued_reason || run.waiting_reason;
+      sections.push(h('p.notice.warn', h('strong', 'Why it is not running yet: '),
+        queuedReasonText(reason) || 'waiting for a runner to claim it.'));
+    }
+
+    const queued = parseTime(run.queued_at);
+    const started = parseTime(run.started_at);
+    sections.push(h('div.cols-2.section',
+      h('section.card', { 'aria-labelledby': 'sum-h' }, h('h2#sum-h', 'Summary'), dl([
+        ['Worker', h('a', { href: `#/runs?worker=${encodeURIComponent(run.worker_name)}` }, run.worker_name)],
+        ['Status', statusBadge(run.status)],
+        ['Trigger', run.trigger],
+        ['Requested by', run.requested_by],
+        ['Attempt', run.attempt ?? 1],
+        ['Retry of', run.retry_of ? h('a.mono', { href: `#/runs/${run.retry_of}` }, shortId(run.retry_of)) : null],
+        ['Schedule', run.schedule_id ?? null],
+        ['Runner', run.runner_id ? h('a.mono', { href: `#/runners` }, run.runner?.name || run.runner_name || shortId(run.runner_id)) : null],
+      ])),
+      h('section.card', { 'aria-labelledby': 'time-h' }, h('h2#time-h', 'Timings'), dl([
+        ['Queued', stamp(run.queued_at)],
+        ['Not before', run.not_before ? stamp(run.not_before) : null],
+        ['Started', stamp(run.started_at)],
+        ['Waited', queued && started ? duration(started - queued) : null],
+        ['Finished', stamp(run.finished_at)],
+        ['Duration', run.duration_ms !== null && run.duration_ms !== undefined ? duration(run.duration_ms) : null],
+        active ? ['Heartbeat', stamp(run.heartbeat_at)] : null,
+        active ? ['Lease expires', stamp(run.lease_expires_at)] : null,
+        ['Cancel requested', run.cancel_requested_at ? h('span', stamp(run.cancel_requested_at), run.cancel_requested_by ? ` by ${run.cancel_requested_by}` : '') : null],
+      ]))));
+
+    const hasExit = run.exit_code !== null && run.exit_code !== undefined || run.exit_signal || run.exit_reason || run.error;
+    if (hasExit) {
+      sections.push(h('section.card.section', { 'aria-labelledby': 'exit-h' }, h('h2#exit-h', 'Exit'),
+        dl([
+          ['Reason', run.exit_reason ? h('span', h('code', run.exit_reason), h('span.muted', ` — ${REASONS[run.exit_reason] || ''}`)) : null],
+          ['Exit code', run.exit_code ?? null],
+          ['Signal', run.exit_signal ? `${run.exit_signal} (${SIGNALS[run.exit_signal] || 'signal'})` : null],
+          ['Fingerprint', run.error_fingerprint ? h('a.mono', { href: `#/runs?fingerprint=${encodeURIComponent(run.error_fingerprint)}` }, run.error_fingerprint) : null],
+        ]),
+        run.error ? h('div.section', h('h3', 'Error'), h('pre.error-box', run.error)) : null));
+    }
+
+    sections.push(h('section.card.section', { 'aria-labelledby': 'cfg-h' },
+      h('h2#cfg-h', 'Configuration'),
+      h('p.small.muted', 'The request is the promise made at enqueue; the effective configuration is what the runner resolved at claim (explicit > saved settings > default).'),
+      compare(run),
+      run.config && Object.keys(run.config).length ? h('details.section', h('summary', 'Engine description (describe_config)'), json(run.config)) : null));
+
+    sections.push(h('div.cols-2.section',
+      h('section.card', { 'aria-labelledby': 'met-h' }, h('h2#met-h', 'Metrics'), metrics(run.metrics)),
+      h('section.card', { 'aria-labelledby': 'res-h' }, h('h2#res-h', 'Result'), json(run.result))));
+
+    sections.push(h('section.card.section', { 'aria-labelledby': 'chain-h' },
+      h('h2#chain-h', 'Attempts'),
+      chain.length <= 1 && !run.retry_of
+        ? h('p.muted', 'This is the only attempt.')
+        : h('ol.chain', chain.map((r) => h('li', { 'aria-current': r.run_id === run.run_id ? 'true' : false },
+          h('span', `Attempt ${r.attempt ?? '?'}`), statusBadge(r.status),
+          r.run_id === run.run_id ? h('span.mono', shortId(r.run_id)) : h('a.mono', { href: `#/runs/${r.run_id}` }, shortId(r.run_id)),
+          h('span.muted.small', absolute(r.queued_at)),
+          r.exit_reason ? h('code.small', r.exit_reason) : null)))));
+
+    replace(body, sections);
+  }
+
+  function cancelButtons(run) {
+    if (confirming) {
+      return h('span.actions', h('span', 'Cancel this run?'),
+        h('button.danger', { type: 'button', onclick: () => doCancel(run) }, 'Yes, cancel it'),
+        h('button.secondary', { type: 'button', onclick: () => { confirming = false; ctx.poke(); } }, 'No'));
+    }
+    return h('button.danger', { type: 'button', onclick: () => { confirming = true; ctx.poke(); } }, 'Cancel');
+  }
+
+  async function doCancel(run) {
+    confirming = false;
+    try {
+      const data = await api.post(`/system/runs/${run.run_id}/cancel`, {});
+      announce((data?.status || data?.run?.status) === 'CANCELLED' ? 'The run was cancelled.' : 'Cancellation requested.');
+    } catch (err) {
+      announce(`Could not cancel: ${err.message}`);
+    }
+    ctx.poke();
+  }
+
+  return { title: `Run ${shortId(runId)}`, refresh };
+}
+
+function stamp(value) {
+  if (!value) return null;
+  return h('span', h('time', { datetime: value }, absolute(value)), h('span.muted', ' · '), timeEl(value));
+}
+
+function show(v) {
+  if (v === null || v === undefined || v === '') return h('span.muted', '—');
+  if (typeof v === 'object') return Object.keys(v).length ? h('pre.mono.small', JSON.stringify(v, null, 1)) : h('span.muted', '{}');
+  return h('code', String(v));
+}
+
+function compare(run) {
+  const req = run.request || {};
+  const eff = {
+    engine_name: run.engine_name,
+    preset: run.preset,
+    db_batch_size: run.options?.db_batch_size ?? run.config?.db_batch_size ?? run.db_batch_size ?? null,
+    options: run.options ? Object.fromEntries(Object.entries(run.options).filter(([k]) => k !== 'db_batch_size' && k !== 'engine_options')) : null,
+    engine_options: run.options?.engine_options ?? run.config?.engine_options ?? null,
+  };
+  const started = Boolean(run.started_at);
+  const rows = [['engine_name', 'Engine'], ['preset', 'Preset'], ['db_batch_size', 'Batch size'], ['options', 'Options'], ['engine_options', 'Engine options']];
+  const cells = [
+    h('div.head.key-head', ''), h('div.head', 'Requested'), h('div.head', started ? 'Effective' : 'Effective (not claimed yet)'),
+  ];
+  for (const [key, label] of rows) {
+    const a = req[key];
+    const b = eff[key];
+    const differs = started && JSON.stringify(a ?? null) !== JSON.stringify(b ?? null) && !(a === undefined || a === null);
+    cells.push(h('div.key', label), h('div', show(a)), h('div', { class: differs ? 'diff' : '' }, started ? show(b) : h('span.muted', '—')));
+  }
+  return h('div.compare', { role: 'table', 'aria-label': 'Requested and effective configuration' }, cells);
+}
+
+function metrics(m) {
+  if (!m || !Object.keys(m).length) return h('p.muted', 'No metrics recorded.');
+  return dl(Object.entries(m).map(([k, v]) => {
+    let text = v;
+    if (typeof v === 'number') {
+      if (/rss|memory|bytes/i.test(k) && v > 4096) text = bytes(v);
+      else if (/_ms$/.test(k)) text = duration(v);
+      else if (/seconds|_s$/.test(k) && !/per_s|units_s/.test(k)) text = `${v.toFixed ? v.toFixed(2) : v} s`;
+      else text = Number.isInteger(v) ? number(v) : v.toFixed(2);
+    } else if (typeof v === 'object' && v !== null) text = h('code', JSON.stringify(v));
+    return [k.replaceAll('_', ' '), text];
+  }));
+}

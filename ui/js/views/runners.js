@@ -1,0 +1,118 @@
+// Runners: online, stale or stopped, with capabilities, version, devices and children, and Drain.
+import { h, replace, announce, dl } from '../dom.js';
+import * as api from '../api.js';
+import { timeEl, duration, bytes, number, shortId, parseTime } from '../format.js';
+import { items } from '../model.js';
+import { serverNow } from '../api.js';
+
+export function mount(main, _route, ctx) {
+  const list = h('div.grid.wide', { role: 'list', 'aria-label': 'Runners' });
+  const summary = h('p');
+  const errorBox = h('div');
+  main.append(h('div.page-head', h('div', h('h1', 'Runners'), summary)), errorBox, list);
+  const confirming = new Set();
+  let last = [];
+
+  async function refresh() {
+    const data = await api.get('/system/runners');
+    last = items(data, 'runners');
+    render();
+    const busy = last.some((r) => (r.children || []).length > 0 && r.state !== 'stopped');
+    return busy ? 'running' : 'idle';
+  }
+
+  function render() {
+    const by = (s) => last.filter((r) => (r.state || 'online') === s).length;
+    summary.textContent = `${by('online')} online · ${by('stale')} stale · ${by('stopped')} stopped recently`;
+    replace(list, last.length ? last.map(card) : h('p.card.empty', 'No runner has registered yet. Start one with `scrinalia-runner daemon`.'));
+  }
+
+  function card(r) {
+    const state = r.state || 'online';
+    const titleId = `runner-${r.runner_id}`;
+    const children = r.children || [];
+    const devices = r.devices || [];
+    const mismatch = r.schema_mismatch ?? r.schema_behind ?? r.version_mismatch ?? false;
+    return h('article.card.runner', { class: `state-${state}`, role: 'listitem', 'aria-labelledby': titleId, dataset: { runner: r.name, state } },
+      h('div.worker-head',
+        h('div', h('h2', { id: titleId }, r.name), h('div.name', `${r.hostname || ''} · pid ${r.pid ?? '—'} · ${shortId(r.runner_id)}`)),
+        h('span.badge', { class: state }, state)),
+      r.drain_requested_at && state !== 'stopped'
+        ? h('p.notice.warn.small', 'Draining: it claims nothing new and stops when its children are done (requested ', timeEl(r.drain_requested_at), r.drain_requested_by ? ` by ${r.drain_requested_by}` : '', ').')
+        : null,
+      mismatch ? h('p.notice.bad.small', typeof mismatch === 'string' ? mismatch : 'Its schema revision differs from the database: it refuses work until both are on one release.') : null,
+      dl([
+        ['Kind', r.kind],
+        ['Version', r.package_version],
+        ['Schema', r.schema_revision ? h('code', r.schema_revision) : null],
+        ['Capabilities', (r.capabilities || []).length ? (r.capabilities || []).map((c) => h('span.chip', c)) : h('span.muted', 'none')],
+        ['Concurrency', `${children.length} of ${r.concurrency ?? '?'} slots busy`],
+        ['Timings', `heartbeat ${r.heartbeat_seconds ?? '?'} s · lease ${r.lease_seconds ?? '?'} s${r.poll_seconds ? ` · poll ${r.poll_seconds} s` : ''}`],
+        ['Started', timeEl(r.started_at)],
+        [state === 'stopped' ? 'Stopped' : 'Last heartbeat', timeEl(state === 'stopped' ? r.stopped_at : r.last_heartbeat_at)],
+        ['Devices', devices.length ? devices.map(device) : h('span.muted', 'no GPU')],
+      ]),
+      h('section', { 'aria-label': `Children of ${r.name}` },
+        h('h3', `Children (${children.length})`),
+        children.length ? childrenTable(children) : h('p.muted.small', state === 'stopped' ? 'Stopped.' : 'No run in progress.')),
+      ctx.canOperate() && state !== 'stopped' && !r.drain_requested_at ? drainControl(r) : null);
+  }
+
+  function device(d) {
+    const mem = d.memory_total_bytes ?? d.memory_total ?? d.total_memory ?? null;
+    return h('div.small', `${d.index ?? ''}${d.index !== undefined ? ': ' : ''}${d.name || 'GPU'}${mem ? ` · ${bytes(mem)}` : ''}${d.uuid ? ` · ${String(d.uuid).slice(0, 12)}` : ''}`);
+  }
+
+  function childrenTable(children) {
+    return h('div.table-wrap', h('table.stack',
+      h('thead', h('tr', ['PID', 'Run', 'Worker', 'Progress', 'RSS', 'GPU', 'Elapsed'].map((c) => h('th', { scope: 'col' }, c)))),
+      h('tbody', children.map((c) => {
+        const p = c.progress || {};
+        const prog = p.total ? `${number(p.done ?? 0)}/${number(p.total)}` : p.done !== undefined ? number(p.done) : '—';
+        const started = parseTime(c.started_at);
+        const elapsed = c.elapsed_seconds ?? c.elapsed_s ?? (started ? (serverNow() - started) / 1000 : null);
+        const runId = c.run_id || c.run;
+        return h('tr', { dataset: { pid: c.pid } },
+          h('td.num', { 'data-label': 'PID' }, c.pid ?? '—'),
+          h('td', { 'data-label': 'Run' }, runId ? h('a.mono', { href: `#/runs/${runId}` }, shortId(runId)) : '—'),
+          h('td', { 'data-label': 'Worker' }, c.worker || c.worker_name || '—'),
+          h('td', { 'data-label': 'Progress' }, prog),
+          h('td.num', { 'data-label': 'RSS' }, bytes(c.rss_bytes ?? c.rss)),
+          h('td.num', { 'data-label': 'GPU' }, c.gpu_memory_bytes ?? c.gpu_memory ? bytes(c.gpu_memory_bytes ?? c.gpu_memory) : '—'),
+          h('td.num', { 'data-label': 'Elapsed' }, elapsed !== null ? duration(elapsed * 1000) : '—'));
+      }))));
+  }
+
+  function drainControl(r) {
+    if (confirming.has(r.runner_id)) {
+      return h('div.actions',
+        h('span.small', `Drain ${r.name}? It finishes its runs and then stops.`),
+        h('button.danger', { type: 'button', onclick: () => drain(r) }, 'Yes, drain it'),
+        h('button.secondary', { type: 'button', onclick: () => { confirming.delete(r.runner_id); render(); } }, 'No'));
+    }
+    return h('div.actions', h('button.secondary', {
+      type: 'button', 'aria-label': `Drain ${r.name}`,
+      onclick: (ev) => {
+        const art = ev.target.closest('article');
+        confirming.add(r.runner_id);
+        render();
+        list.querySelector(`article[data-runner="${CSS.escape(r.name)}"] button.danger`)?.focus();
+        return art;
+      },
+    }, 'Drain'));
+  }
+
+  async function drain(r) {
+    confirming.delete(r.runner_id);
+    try {
+      await api.post(`/system/runners/${r.runner_id}/drain`, {});
+      announce(`${r.name} is draining.`);
+      replace(errorBox);
+    } catch (err) {
+      replace(errorBox, h('div.notice.bad', { role: 'alert' }, `Could not drain ${r.name}: ${err.message}`));
+    }
+    ctx.poke();
+  }
+
+  return { title: 'Runners', refresh };
+}
