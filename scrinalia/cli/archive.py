@@ -62,11 +62,11 @@ def demo_command() -> None:
 def queues_command() -> None:
     """Pending, processed and failed units per worker (the same condition as the execution)."""
     from scrinalia.domains.archive.workers.plugins import load_catalogue
+    from scrinalia.domains.archive.workers.stamps import catalogue_counts
 
     engine = _engine()
     try:
-        for name, spec in load_catalogue().items():
-            counts = spec.counts(engine)
+        for name, counts in catalogue_counts(engine, load_catalogue()).items():
             if counts is None:
                 click.echo(f"{name:20s} (no queue)")
             else:

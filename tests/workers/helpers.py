@@ -84,11 +84,11 @@ def run_in_process(engine: Engine, spec: WorkerSpec, request: dict[str, Any] | N
 
 def run_worker(database_url: str, engine: Engine, spec: WorkerSpec, request: dict[str, Any] | None = None
                ) -> tuple[str, dict[str, Any], ledger.WorkerRun]:
-    """Through a real runner child when ``runner.oneshot`` exists, else in this process."""
-    if run_once is not None:
-        run = run_once(database_url, spec.name, request or {}, requested_by="tests")
-        return run.status, dict(run.result or {}), run
-    return run_in_process(engine, spec, request)
+    """Through a real runner child: ``runner.oneshot.run_once``, the daemon's child entry point."""
+    assert run_once is not None, "runner.oneshot is not installed"
+    run = run_once(database_url, spec.name, request or {}, requested_by="tests")
+    assert run.trigger == "CLI" and run.metrics and "start_method" in run.metrics, run  # a real child ran it
+    return run.status, dict(run.result or {}), run
 
 
 def stamps(engine: Engine, key: str) -> dict[str, Any]:

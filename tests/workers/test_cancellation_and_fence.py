@@ -143,3 +143,35 @@ def test_a_child_whose_lease_was_taken_commits_no_further_batch(database_url, en
     # the row is the thief's now: this child's runner wrote nothing more to it
     assert run.runner_id == thief and run.status == "RUNNING"
     assert json.dumps(run.to_json())
+
+
+@pytest.mark.parametrize("name", ["embedding", "ner", "typology", "quality-validator", "cleaning"])
+def test_every_document_worker_cancelled_through_a_real_child(database_url, engine, ner_model_dir, nli_model_dir,
+                                                               name):
+    """The same walk through the runner: the cancel request travels ledger -> heartbeat -> child, and
+    the worker stops at the next batch boundary with whole batches committed and counted."""
+    n = 200 if name == "embedding" else 1500
+    insert_docs(engine, [{"reference_code": f"W{i}", "title": f"Letters of  Maria Joaquina, number {i}",
+                          "date_text": "1800"} for i in range(n)])
+    with engine.begin() as conn:
+        for typ in list(NLI_KEYWORDS)[:2]:
+            conn.execute(text("INSERT INTO archive_typologies (name) VALUES (:n)"), {"n": typ})
+        conn.execute(text("INSERT INTO archive_cleaning_rules (name, kind, field, pattern, replacement) "
+                          "VALUES ('spaces', 'REWRITE', 'title', '\\s{2,}', ' ')"))
+    spec = load_catalogue()[name]
+    started, asked = {}, threading.Event()
+
+    def on_progress(progress):
+        if progress.get("done", 0) > 0 and not asked.is_set():
+            asked.set()
+            ledger.request_cancel(engine, started["run"].run_id, requested_by="test")
+
+    run = run_once(database_url, name, _request(name, ner_model_dir, nli_model_dir),
+                   lease_seconds=5, heartbeat_seconds=0.3, on_progress=on_progress,
+                   on_start=lambda r: started.setdefault("run", r))
+    assert run.status == "CANCELLED", (run.status, run.error)
+    assert run.exit_reason == "cancelled"
+    stamped = _stamped(engine, spec)
+    assert 0 < stamped < n and stamped % BATCH == 0  # whole batches only, and not all of them
+    assert run.result["units"] == stamped  # the summary is what was committed
+    assert spec.pending_count(engine) == n - stamped

@@ -150,3 +150,32 @@ def test_the_quality_validator_finds_the_demo_collections_flaws(database_url, en
     assert flagged["PT/SCR/FLW/0007"] >= {"date_future"}
     assert flagged["PT/SCR/FLW/0008"] >= {"title_template", "validate_rule"}
     assert len(flagged) < 40  # the realistic descriptions are mostly clean
+
+
+def test_catalogue_counts_in_one_statement_agree_with_each_queue(engine):
+    from scrinalia.domains.archive.workers.plugins import load_catalogue
+    from scrinalia.domains.archive.workers.stamps import catalogue_counts
+
+    load_demo_collection(engine)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archive_documents SET execution_log = jsonb_build_object('typology', "
+                          "jsonb_build_object('stamp', md5(title), 'status', 'ERROR')) WHERE id % 3 = 0"))
+    catalogue = load_catalogue()
+    together = catalogue_counts(engine, catalogue)
+    assert together == {name: spec.counts(engine) for name, spec in catalogue.items()}
+    assert together["gpu-probe"] is None and together["typology"]["failed"] > 0
+
+
+def test_the_cli_queues_command(database_url, engine, monkeypatch):
+    from scrinalia.cli.main import cli
+    from scrinalia.settings import get_settings
+
+    insert_docs(engine, [{"reference_code": "Q1", "title": "one"}])
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    get_settings.cache_clear()
+    try:
+        out = CliRunner().invoke(cli, ["archive", "queues"])
+    finally:
+        get_settings.cache_clear()
+    assert out.exit_code == 0, out.output
+    assert "embedding" in out.output and "pending        1" in out.output and "gpu-probe" in out.output

@@ -70,6 +70,6 @@ SPEC = WorkerSpec(
     default_batch_size=128,
     engines={TRANSFORMERS.name: TRANSFORMERS},
     default_engine=TRANSFORMERS.name,
-    requires=(),
+    requires=("torch", "transformers"),
     queue=QUEUE,
 )

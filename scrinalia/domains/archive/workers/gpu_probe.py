@@ -94,5 +94,5 @@ SPEC = WorkerSpec(
                                   maximum=16384),
         "repeats": OptionSpec("int", 10, "timed multiplications", minimum=1, maximum=1000),
     },
-    requires=(),
+    requires=("torch",),
 )

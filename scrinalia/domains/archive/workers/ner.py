@@ -143,6 +143,6 @@ SPEC = WorkerSpec(
     },
     engines={TOKEN_CLASSIFICATION.name: TOKEN_CLASSIFICATION},
     default_engine=TOKEN_CLASSIFICATION.name,
-    requires=(),
+    requires=("torch", "transformers"),
     queue=QUEUE,
 )

@@ -147,13 +147,23 @@ class StampQueue:
                    (SELECT {eligible} FROM archive_documents AS d) AS eligible
             """
         )
-        if isinstance(engine, Connection):
-            row = engine.execute(sql).one()
-        else:
-            with engine.connect() as conn:
-                row = conn.execute(sql).one()
+        row = _one(engine, sql)
         pending, failed, eligible_n = int(row.pending), int(row.failed), int(row.eligible)
         return {"pending": pending, "failed": failed, "processed": max(0, eligible_n - pending - failed)}
+
+    def count_columns(self, suffix: str | int) -> list[str]:
+        """The pending and failed sub-selects of this queue, for a statement that counts many queues."""
+        pending = self.pending("d")
+        if self.per_rule:
+            failed_cond = f"jsonb_path_exists(d.execution_log, '$.{self.key}.*.status ? (@ == \"ERROR\")')"
+        else:
+            failed_cond = f"(d.execution_log #>> '{{{self.key},status}}') = 'ERROR'"
+        governed = "AND d.status <> 'HUMAN_APPROVED'" if self.governed else ""
+        return [
+            f"(SELECT count(*) FROM archive_documents AS d WHERE {pending}) AS pending_{suffix}",
+            f"(SELECT count(*) FROM archive_documents AS d WHERE {ANY_ERROR_SQL.format(a='d')} "
+            f"AND {failed_cond} {governed} AND NOT ({pending})) AS failed_{suffix}",
+        ]
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -202,11 +212,24 @@ def _write_stamps_sql(governed: bool) -> Any:
     )
 
 
-def _scalar(engine: Engine | Connection, sql: Any, params: Mapping[str, Any] | None = None) -> Any:
+_NO_JIT = text("SET LOCAL jit = off")
+
+
+def _one(engine: Engine | Connection, sql: Any, params: Mapping[str, Any] | None = None) -> Any:
+    """One row of a count. JIT is off for it: the planner prices the per-rule subplan so high that
+    PostgreSQL would spend ~100 ms compiling a query that reads an empty partial index."""
     if isinstance(engine, Connection):
-        return engine.execute(sql, params or {}).scalar()
+        engine.execute(_NO_JIT)
+        return engine.execute(sql, params or {}).one()
     with engine.connect() as conn:
-        return conn.execute(sql, params or {}).scalar()
+        conn.execute(_NO_JIT)
+        row = conn.execute(sql, params or {}).one()
+        conn.rollback()
+        return row
+
+
+def _scalar(engine: Engine | Connection, sql: Any, params: Mapping[str, Any] | None = None) -> Any:
+    return _one(engine, sql, params)[0]
 
 
 def error_text(exc: BaseException) -> str:
@@ -228,3 +251,30 @@ def dumps(value: Any) -> str:
 
 
 RUN_ID_PARAM = bindparam("run_id", type_=UUID(as_uuid=True))
+
+
+def catalogue_counts(engine: Engine | Connection, specs: Mapping[str, Any]) -> dict[str, dict[str, int] | None]:
+    """``{"pending", "processed", "failed"}`` for every worker of ``specs`` with a StampQueue, in ONE
+    statement (JIT off: see ``_one``); None for a worker without a queue. On 100k documents: a few ms for
+    the indexed queues, plus ~0.1-0.2 s when ``cleaning`` (a sequential scan) is among them."""
+    out: dict[str, dict[str, int] | None] = {}
+    columns: list[str] = []
+    queues: dict[str, tuple[int, StampQueue]] = {}
+    for i, (name, spec) in enumerate(specs.items()):
+        queue = getattr(spec, "queue", None)
+        if not isinstance(queue, StampQueue):
+            out[name] = None
+            continue
+        queues[name] = (i, queue)
+        columns += queue.count_columns(i)
+    if not queues:
+        return out
+    row = _one(engine, text(
+        "SELECT totals.*, " + ", ".join(columns) + " FROM (SELECT count(*) AS total, "
+        "count(*) FILTER (WHERE status <> 'HUMAN_APPROVED') AS governed FROM archive_documents) AS totals"))
+    m = row._mapping
+    for name, (i, queue) in queues.items():
+        eligible = m["governed"] if queue.governed else m["total"]
+        pending, failed = int(m[f"pending_{i}"]), int(m[f"failed_{i}"])
+        out[name] = {"pending": pending, "failed": failed, "processed": max(0, int(eligible) - pending - failed)}
+    return out

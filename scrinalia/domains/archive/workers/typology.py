@@ -96,6 +96,6 @@ SPEC = WorkerSpec(
     },
     engines={ZERO_SHOT.name: ZERO_SHOT},
     default_engine=ZERO_SHOT.name,
-    requires=(),
+    requires=("torch", "transformers"),
     queue=QUEUE,
 )
