@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from scrinalia.domains.archive.errors import InvalidRunRequest
 from scrinalia.domains.archive.ledger import validate_request
@@ -129,60 +129,23 @@ def effective_settings(spec: WorkerSpec, engine: Engine | None) -> dict[str, Any
 _EMPTY = {"pending": None, "processed": None, "failed": None}
 
 
-def _queue_columns(i: int, queue: Any) -> list[str] | None:
-    """The pending and failed sub-selects of one stamp queue (the catalogue's own conditions)."""
-    from scrinalia.domains.archive.workers import stamps
-
-    if not hasattr(queue, "pending") or not hasattr(queue, "key"):
-        return None
-    pending = queue.pending("d")
-    if getattr(queue, "per_rule", False):
-        failed_cond = f"jsonb_path_exists(d.execution_log, '$.{queue.key}.*.status ? (@ == \"ERROR\")')"
-    else:
-        failed_cond = f"(d.execution_log #>> '{{{queue.key},status}}') = 'ERROR'"
-    governed = "AND d.status <> 'HUMAN_APPROVED'" if getattr(queue, "governed", False) else ""
-    return [
-        f"(SELECT count(*) FROM archive_documents AS d WHERE {pending}) AS pending_{i}",
-        f"(SELECT count(*) FROM archive_documents AS d WHERE {stamps.ANY_ERROR_SQL.format(a='d')} "
-        f"AND {failed_cond} {governed} AND NOT ({pending})) AS failed_{i}",
-    ]
-
-
 def unit_counts(engine: Engine, catalogue: Catalogue) -> dict[str, dict[str, int | None]]:
-    """pending / processed / failed per worker, by the catalogue's definitions (``StampQueue.counts``),
-    computed for ALL workers in one statement: each pending count goes through its partial index
-    (cost grows with the backlog), failed through ix_documents_stamp_errors, and the eligible totals
-    are one shared count. A worker whose queue is of another kind answers ``spec.counts`` itself."""
-    columns: list[str] = []
-    indexed: dict[str, int] = {}
+    """pending / processed / failed per worker, by the catalogue's own definitions: every stamp queue
+    in ONE statement (``stamps.catalogue_counts``: each pending count reads its partial index, failed
+    reads ix_documents_stamp_errors); a worker with another kind of queue answers ``spec.counts``."""
+    from scrinalia.domains.archive.workers.stamps import catalogue_counts
+
     out: dict[str, dict[str, int | None]] = {}
-    for i, (name, spec) in enumerate(catalogue.items()):
-        queue = getattr(spec, "queue", None)
-        if queue is None:
+    for name, counts in catalogue_counts(engine, catalogue).items():
+        if counts is not None:
+            out[name] = dict(counts)
+            continue
+        spec = catalogue[name]
+        try:
+            out[name] = dict(spec.counts(engine) or _EMPTY) if getattr(spec, "queue", None) else dict(_EMPTY)
+        except Exception:  # noqa: BLE001 - one worker's counter must not take the screen down
+            log.exception("counts of worker %s failed", name)
             out[name] = dict(_EMPTY)
-            continue
-        parts = _queue_columns(i, queue)
-        if parts is None:
-            try:
-                out[name] = dict(spec.counts(engine) or _EMPTY)
-            except Exception:  # noqa: BLE001 - one worker's counter must not take the screen down
-                log.exception("counts of worker %s failed", name)
-                out[name] = dict(_EMPTY)
-            continue
-        indexed[name] = i
-        columns += parts
-    if indexed:
-        sql = (
-            "SELECT totals.*, " + ", ".join(columns) + " FROM (SELECT count(*) AS total, "
-            "count(*) FILTER (WHERE status <> 'HUMAN_APPROVED') AS governed FROM archive_documents) AS totals"
-        )
-        with engine.connect() as conn:
-            row = conn.execute(text(sql)).one()._mapping
-        for name, i in indexed.items():
-            spec = catalogue[name]
-            eligible = row["governed"] if getattr(spec.queue, "governed", False) else row["total"]
-            pending, failed = int(row[f"pending_{i}"]), int(row[f"failed_{i}"])
-            out[name] = {"pending": pending, "failed": failed, "processed": max(0, int(eligible) - pending - failed)}
     return out
 
 

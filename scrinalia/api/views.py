@@ -229,7 +229,7 @@ def list_runs(
 
 
 _CHAIN = text(
-    f"""
+    """
     WITH RECURSIVE up AS (
         SELECT run_id, retry_of, 0 AS depth FROM archive_worker_runs WHERE run_id = :run_id
         UNION ALL

@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from runner.oneshot import run_once
 from scrinalia.domains.archive import ledger
-from scrinalia.domains.archive.workers import embedding, ner
+from scrinalia.domains.archive.workers import ner
 from scrinalia.domains.archive.workers.plugins import load_catalogue
 from tests.workers.helpers import HookChannel, insert_docs, register_runner, run_in_process, scalar
 from tests.workers.tiny_models import NLI_KEYWORDS

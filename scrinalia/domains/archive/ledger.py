@@ -25,7 +25,7 @@ from typing import Any
 
 from psycopg.errors import UniqueViolation
 from sqlalchemy import Engine, bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.types import Text
 
@@ -546,7 +546,7 @@ _ACTIVE_RUN = text(
 # One index probe per worker (uq_worker_run_active for the active one, ix_worker_runs_worker_id for
 # the last finished one), so the panel's cost does not grow with history.
 _ACTIVE_AND_LAST = text(
-    f"""
+    """
     SELECT w.worker_name,
            (SELECT to_jsonb(a) FROM archive_worker_runs a
              WHERE a.worker_name = w.worker_name AND a.status IN ('QUEUED', 'RUNNING')) AS active,
