@@ -41,6 +41,22 @@ def _settings():
         _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
 
 
+def _parent_settings():
+    """What a parent (daemon or one-shot) needs before anything else: the torch import guard armed,
+    the settings and the runner's database URL. Exits with a clear message when one is wrong."""
+    from runner.guard import HeavyImportForbidden, forbid_heavy_imports
+
+    try:
+        forbid_heavy_imports()
+    except HeavyImportForbidden as exc:
+        _fail(1, str(exc))
+    settings = _settings()
+    try:
+        return settings, settings.runner_url()
+    except Exception as exc:
+        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+
+
 @click.group()
 @click.version_option(package_name="scrinalia-runner")
 def cli() -> None:
@@ -97,7 +113,6 @@ def daemon_command(**flags: Any) -> None:
 def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain_timeout, max_runtime,
                cancel_grace, kill_grace, preload, start_method, socket_path, log_level) -> int:
     setup_logging(log_level)
-    from runner.guard import HeavyImportForbidden, forbid_heavy_imports
 
     try:
         options = RunnerOptions(
@@ -118,10 +133,7 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
     except OptionsError as exc:
         raise click.UsageError(str(exc)) from None
 
-    try:
-        forbid_heavy_imports()
-    except HeavyImportForbidden as exc:
-        _fail(1, str(exc))
+    settings, url = _parent_settings()
 
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -134,12 +146,6 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
     from runner.supervisor import Supervisor, _brief
 
     from scrinalia.domains.archive.workers.plugins import PluginError, load_catalogue
-
-    settings = _settings()
-    try:
-        url = settings.runner_url()
-    except Exception as exc:
-        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
 
     try:
         catalogue = load_catalogue()
@@ -289,7 +295,6 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
     Exit: 0 SUCCESS, 1 FAILED, 2 usage, 3 the worker's slot is busy, 4 schema behind, 130 cancelled.
     """
     setup_logging(log_level)
-    from runner.guard import HeavyImportForbidden, forbid_heavy_imports
     from runner.oneshot import ProgressBar, parse_option
 
     options: dict[str, Any] = {}
@@ -310,10 +315,7 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
         request["options"] = options
     if lease <= heartbeat:
         raise click.UsageError(f"--lease ({lease:g} s) must exceed --heartbeat ({heartbeat:g} s)")
-    try:
-        forbid_heavy_imports()
-    except HeavyImportForbidden as exc:
-        _fail(1, str(exc))
+    settings, url = _parent_settings()
 
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -322,12 +324,6 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
     from runner.supervisor import _brief
 
     from scrinalia.domains.archive.errors import InvalidRunRequest, WorkerRunAlreadyActive
-
-    settings = _settings()
-    try:
-        url = settings.runner_url()
-    except Exception as exc:
-        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
     bar = ProgressBar()
 
     def started(run) -> None:

@@ -88,27 +88,25 @@ def validate_run_request(spec: WorkerSpec, engine: Engine, request: Mapping[str,
     """The clean request, or ``InvalidRunRequest`` naming the field. The catalogue's resolver decides
     (explicit > persisted > default), so what the API accepts is what a runner can resolve at claim."""
     clean = validate_request(request)
-    try:
-        spec.resolve(engine, clean)
-    except Exception as exc:  # noqa: BLE001
-        field_error = _field_error(exc)
-        if field_error is not None:
-            raise field_error from None
-        raise
+    _resolve_or_raise_field_error(spec, engine, clean)
     return clean
 
 
 def validate_settings(spec: WorkerSpec, engine: Engine, values: Mapping[str, Any]) -> dict[str, Any]:
     """Settings have a request's shape and rules; validated on their own (no persisted layer under them)."""
     clean = validate_request({k: v for k, v in values.items() if v is not None})
+    _resolve_or_raise_field_error(spec, None, clean)
+    return clean
+
+
+def _resolve_or_raise_field_error(spec: WorkerSpec, engine: Engine | None, clean: Mapping[str, Any]) -> None:
     try:
-        spec.resolve(None, clean)
-    except Exception as exc:  # noqa: BLE001
+        spec.resolve(engine, clean)
+    except Exception as exc:  # noqa: BLE001 - a resolver error that names a field is a 422, else a 500
         field_error = _field_error(exc)
         if field_error is not None:
             raise field_error from None
         raise
-    return clean
 
 
 def effective_settings(spec: WorkerSpec, engine: Engine | None) -> dict[str, Any]:

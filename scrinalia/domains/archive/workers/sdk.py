@@ -463,19 +463,8 @@ def _merge_engine_options(
         _check_refused(options, "engine_options")
         for k, v in options.items():
             values[k], sources[k] = v, source
-    clean: dict[str, Any] = {}
-    for k, v in values.items():
-        ospec = espec.options.get(k)
-        if ospec is None:
-            if not espec.accepts_extra_options:
-                raise UnknownOption(
-                    f"engine_options.{k}",
-                    f"is not an option of engine {espec.name!r} (known: {', '.join(espec.options) or 'none'})",
-                )
-            clean[k] = v
-        else:
-            clean[k] = ospec.coerce(v, f"engine_options.{k}")
-    return clean, sources
+    return _coerce_options(values, espec.options, espec.accepts_extra_options, "engine_options",
+                           f"engine {espec.name!r}"), sources
 
 
 def _describe(espec: EngineSpec, preset: str | None, options: dict[str, Any]) -> dict[str, Any]:
@@ -492,19 +481,24 @@ def _merge_options(
         _check_refused(layer, "options")
         for k, v in layer.items():
             values[k], sources[k] = v, source
+    return _coerce_options(values, spec.options, spec.accepts_extra_options, "options",
+                           f"worker {spec.name!r}"), sources
+
+
+def _coerce_options(values: Mapping[str, Any], declared: Mapping[str, "OptionSpec"], accepts_extra: bool,
+                    prefix: str, owner: str) -> dict[str, Any]:
+    """Each value coerced by its declaration; an undeclared one kept only where ``accepts_extra``."""
     clean: dict[str, Any] = {}
     for k, v in values.items():
-        ospec = spec.options.get(k)
-        if ospec is None:
-            if not spec.accepts_extra_options:
-                raise UnknownOption(
-                    f"options.{k}",
-                    f"is not an option of worker {spec.name!r} (known: {', '.join(spec.options) or 'none'})",
-                )
+        ospec = declared.get(k)
+        if ospec is not None:
+            clean[k] = ospec.coerce(v, f"{prefix}.{k}")
+        elif accepts_extra:
             clean[k] = v
         else:
-            clean[k] = ospec.coerce(v, f"options.{k}")
-    return clean, sources
+            known = ", ".join(declared) or "none"
+            raise UnknownOption(f"{prefix}.{k}", f"is not an option of {owner} (known: {known})")
+    return clean
 
 
 def resolve_config(spec: WorkerSpec, engine: Engine | None, request: Mapping[str, Any]) -> ResolvedConfig:
