@@ -1,6 +1,8 @@
 """The cost of the workers' queue counts (``pending_count`` and ``counts``) on 100k documents.
 
-States measured: everything pending (a fresh import), everything stamped, then 1% of the texts edited.
+States measured: everything pending (a fresh import), everything stamped, then 1% of the texts edited,
+then the cleaning rule edited (every governed document pending again for cleaning). The plans of the
+cleaning queue's count and fetch (under its planner settings) are printed for each state.
 Each figure is the median of --samples calls. Run:
     .venv/bin/python bench/bench_stamp_counts.py [--docs 100000] [--samples 20]
 """
@@ -48,12 +50,16 @@ UPDATE archive_documents SET execution_log = execution_log || jsonb_build_object
 RULE = text("INSERT INTO archive_cleaning_rules (name, kind, field, pattern, replacement) "
             "VALUES ('spaces', 'REWRITE', 'title', '\\s{2,}', ' ')")
 STAMP_CLEANING = text("""
-UPDATE archive_documents d SET execution_log = d.execution_log || jsonb_build_object('cleaning',
+UPDATE archive_documents d SET cleaning_ruleset = archive_cleaning_ruleset(),
+  cleaning_text_stamp = archive_cleaning_text_stamp(title, scope_and_content, admin_biographical_history, provenance),
+  execution_log = d.execution_log || jsonb_build_object('cleaning',
   (SELECT jsonb_object_agg(r.id::text, jsonb_build_object('stamp',
-      md5(md5(r.field || chr(31) || coalesce(r.pattern, '') || chr(31) || coalesce(r.replacement, '')) || chr(31) || d.title),
+      md5(archive_cleaning_rule_signature(r.field, r.pattern, r.replacement) || chr(31) || d.title),
       'status', 'DONE')) FROM archive_cleaning_rules r WHERE r.kind = 'REWRITE'))
+ WHERE d.status <> 'HUMAN_APPROVED'
 """)
 EDIT = text("UPDATE archive_documents SET scope_and_content = scope_and_content || ' (edited)' WHERE id % 100 = 1")
+RULE_EDIT = text("UPDATE archive_cleaning_rules SET replacement = '  ' WHERE name = 'spaces'")
 
 
 def timed(fn, samples):
@@ -76,6 +82,19 @@ def measure(engine, samples, label):
     return rows
 
 
+def cleaning_plans(engine):
+    """EXPLAIN ANALYZE of the cleaning queue's pending count and first fetch, under its planner settings."""
+    queue, out = cleaning.QUEUE, []
+    for sql, params, fetch in ((f"SELECT {queue.pending_count_sql()}", {}, False),
+                               (str(queue.fetch_sql("d.title")), {"after": 0, "limit": 100}, True)):
+        with engine.begin() as conn:
+            conn.execute(text("SET LOCAL jit = off"))
+            queue.prepare(conn, fetch=fetch)
+            plan = conn.execute(text("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql), params).scalars()
+            out.append("\n".join(line for line in plan if "Recheck Cond" not in line))
+    return "\n\n".join(out)
+
+
 def vacuum(url):
     from sqlalchemy import create_engine
     eng = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT")
@@ -96,21 +115,24 @@ def main():
             conn.execute(RULE)
         vacuum(url)
         results = measure(engine, args.samples, "all pending")
+        print(cleaning_plans(engine))
         with engine.begin() as conn:
             conn.execute(STAMP_ALL)
             conn.execute(STAMP_QUALITY)
             conn.execute(STAMP_CLEANING)
         vacuum(url)
         results += measure(engine, args.samples, "all stamped")
+        print(cleaning_plans(engine))
         with engine.begin() as conn:
             conn.execute(EDIT)
         vacuum(url)
         results += measure(engine, args.samples, "1% edited")
-        with engine.connect() as conn:
-            plan = "\n".join(conn.execute(text(
-                "EXPLAIN (COSTS OFF) SELECT count(*) FROM archive_documents AS d WHERE "
-                + embedding.SPEC.queue.pending("d"))).scalars())
-        print(plan)
+        print(cleaning_plans(engine))
+        with engine.begin() as conn:
+            conn.execute(RULE_EDIT)
+        vacuum(url)
+        results += measure(engine, args.samples, "rule edited")
+        print(cleaning_plans(engine))
         engine.dispose()
 
 

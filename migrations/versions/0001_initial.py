@@ -76,6 +76,36 @@ SELECT md5(archive_composed_text(title, scope_and_content, history, provenance)
   || chr(31) || coalesce(execution_log #>> '{ner,run_id}', '')
   || chr(31) || coalesce(execution_log #>> '{typology,run_id}', ''))
 $qs$;
+
+CREATE FUNCTION archive_cleaning_text_stamp(title text, scope_and_content text, history text, provenance text)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $cts$
+SELECT md5(coalesce('v' || title, 'n') || chr(31) || coalesce('v' || scope_and_content, 'n')
+  || chr(31) || coalesce('v' || history, 'n') || chr(31) || coalesce('v' || provenance, 'n'))
+$cts$;
+
+CREATE FUNCTION archive_cleaning_rule_signature(field text, pattern text, replacement text)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $crs$
+SELECT md5(field || chr(31) || coalesce(pattern, '') || chr(31) || coalesce(replacement, ''))
+$crs$;
+"""
+
+# The signature of the active REWRITE rule set (issue #4, decision 0027): md5 over the active rules' ids and
+# signatures in id order (the order they apply in); NULL when no rule is active. A document's
+# cleaning_ruleset records the value it was cleaned with; any change of the set (a rule added, edited,
+# deactivated) changes it and re-queues every governed document once. STABLE (reads the rules table) and
+# parallel-unsafe on purpose: the queue counts are small indexed reads that a Gather only slows down.
+CLEANING_RULESET_FUNCTION = r"""
+CREATE FUNCTION archive_cleaning_ruleset()
+RETURNS text LANGUAGE sql STABLE
+AS $crset$
+SELECT md5(string_agg(r.id::text || ':' || archive_cleaning_rule_signature(r.field, r.pattern, r.replacement),
+                      ',' ORDER BY r.id))
+  FROM archive_cleaning_rules AS r
+ WHERE r.kind = 'REWRITE' AND r.active
+   AND r.field IN ('title', 'scope_and_content', 'admin_biographical_history', 'provenance')
+$crset$;
 """
 
 TABLES = """
@@ -117,10 +147,13 @@ CREATE TABLE archive_documents (
 	is_anomaly BOOLEAN DEFAULT false NOT NULL,
 	anomaly_reasons JSONB DEFAULT '[]'::jsonb NOT NULL,
 	execution_log JSONB DEFAULT '{}'::jsonb NOT NULL,
+	cleaning_ruleset TEXT,
+	cleaning_text_stamp TEXT,
 	created_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,
 	updated_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,
 	PRIMARY KEY (id),
-	UNIQUE (reference_code)
+	UNIQUE (reference_code),
+	CONSTRAINT ck_documents_cleaning_record CHECK ((cleaning_ruleset IS NULL) = (cleaning_text_stamp IS NULL))
 );
 
 CREATE INDEX ix_documents_status ON archive_documents (status);
@@ -134,6 +167,10 @@ CREATE INDEX ix_documents_pending_ner ON archive_documents (id) WHERE status <> 
 CREATE INDEX ix_documents_pending_typology ON archive_documents (id) WHERE status <> 'HUMAN_APPROVED' AND (execution_log #>> '{typology,stamp}') IS DISTINCT FROM md5(title);
 
 CREATE INDEX ix_documents_pending_quality ON archive_documents (id) WHERE status <> 'HUMAN_APPROVED' AND (execution_log #>> '{quality-validator,stamp}') IS DISTINCT FROM archive_quality_stamp(title, scope_and_content, admin_biographical_history, provenance, date_text, date_start, date_end, execution_log);
+
+CREATE INDEX ix_documents_pending_cleaning ON archive_documents (id, cleaning_ruleset) WHERE status <> 'HUMAN_APPROVED' AND cleaning_text_stamp IS DISTINCT FROM archive_cleaning_text_stamp(title, scope_and_content, admin_biographical_history, provenance);
+
+CREATE INDEX ix_documents_cleaning_ruleset ON archive_documents (cleaning_ruleset) INCLUDE (status);
 
 CREATE INDEX ix_documents_stamp_errors ON archive_documents (id) WHERE (jsonb_path_exists(execution_log, '$.*.status ? (@ == "ERROR")') OR jsonb_path_exists(execution_log, '$.cleaning.*.status ? (@ == "ERROR")'));
 
@@ -405,6 +442,7 @@ def upgrade() -> None:
     op.execute(FINGERPRINT_FUNCTION)
     op.execute(STAMP_FUNCTIONS)
     op.execute(TABLES)
+    op.execute(CLEANING_RULESET_FUNCTION)
 
 
 def downgrade() -> None:
@@ -417,6 +455,9 @@ def downgrade() -> None:
             archive_worker_settings, archive_worker_schedules, archive_worker_runners,
             auth_sessions, auth_users;
         DROP FUNCTION IF EXISTS archive_error_fingerprint(text);
+        DROP FUNCTION IF EXISTS archive_cleaning_ruleset();
+        DROP FUNCTION IF EXISTS archive_cleaning_rule_signature(text, text, text);
+        DROP FUNCTION IF EXISTS archive_cleaning_text_stamp(text, text, text, text);
         DROP FUNCTION IF EXISTS archive_quality_stamp(text, text, text, text, text, date, date, jsonb);
         DROP FUNCTION IF EXISTS archive_text_stamp(text, text, text, text);
         DROP FUNCTION IF EXISTS archive_composed_text(text, text, text, text);

@@ -173,7 +173,7 @@ class WorkersOut(BaseModel):
     db_now: str
     schema_revision: str | None
     runners_online: int
-    counts_as_of: str | None = Field(description="When the unit counts were computed (they refresh in the background)")
+    counts_as_of: str | None = Field(description="When the unit counts were computed (now, unless API_COUNTS_MAX_AGE_SECONDS > 0 serves them from a cache)")
     workers: list[WorkerOut]
 
 

@@ -39,8 +39,9 @@ class ApiSettings(BaseSettings):
     failures_max_days: int = Field(default=365, ge=1, le=3650)
     metrics_enabled: bool = True
     counts_max_age_seconds: float = Field(
-        default=15.0, ge=0, le=3600,
-        description="Serve the per-worker unit counts up to this old while one thread refreshes them (0: every request)",
+        default=0.0, ge=0, le=3600,
+        description="0 (default): compute the per-worker unit counts on every request; > 0: serve them up to "
+                    "this old while one thread refreshes them (an opt-in for archives far beyond 100k documents)",
     )
     ui_dir: str | None = Field(default=None, description="Static panel directory; default: ui/ of the checkout when present")
 

@@ -151,6 +151,7 @@ def workers_view(engine: Engine, catalogue: dict[str, WorkerSpec], names: list[s
     runners = runners_view(engine, db_revision=db_revision, with_clock=False)
     active_last = ledger.active_and_last_runs(engine, list(specs))
     persisted = all_settings(engine)
+    layer = catalogue_view.database_layer(engine, specs, persisted)
     if counts_cache is not None:
         all_counts, counts_as_of = counts_cache.get(engine, catalogue)
         counts = {n: all_counts.get(n) for n in specs}
@@ -165,7 +166,7 @@ def workers_view(engine: Engine, catalogue: dict[str, WorkerSpec], names: list[s
             **catalogue_view.describe(spec),
             "settings": {
                 "persisted": persisted.get(name),
-                "effective": catalogue_view.effective_settings(spec, engine),
+                "effective": catalogue_view.effective_settings(spec, engine, layer),
             },
             "counts": counts.get(name, {"pending": None, "processed": None, "failed": None}),
             "active_run": active,

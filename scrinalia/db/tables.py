@@ -270,6 +270,10 @@ archive_documents = Table(
     Column("anomaly_reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     # Per-worker stamps: {"<stamp key>": {"stamp": ..., "status": "DONE"|"ERROR", "run_id": ..., "at": ...}}.
     Column("execution_log", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # The cleaning worker's record (decision 0027): the active REWRITE rule set's signature
+    # (archive_cleaning_ruleset()) and archive_cleaning_text_stamp(...) of the four fields, at cleaning time.
+    Column("cleaning_ruleset", Text),
+    Column("cleaning_text_stamp", Text),
     Column("created_at", TS, nullable=False, server_default=func.now()),
     Column("updated_at", TS, nullable=False, server_default=func.now()),
     Index("ix_documents_status", "status"),
@@ -288,6 +292,14 @@ archive_documents = Table(
         "status <> 'HUMAN_APPROVED' AND (execution_log #>> '{quality-validator,stamp}') IS DISTINCT FROM "
         "archive_quality_stamp(title, scope_and_content, admin_biographical_history, provenance, "
         "date_text, date_start, date_end, execution_log)")),
+    # cleaning: pending = governed AND (text changed since cleaning [this partial index] OR cleaning_ruleset
+    # differs from the current rule set's signature [range scans on ix_documents_cleaning_ruleset]).
+    Index("ix_documents_pending_cleaning", "id", "cleaning_ruleset", postgresql_where=text(
+        "status <> 'HUMAN_APPROVED' AND cleaning_text_stamp IS DISTINCT FROM "
+        "archive_cleaning_text_stamp(title, scope_and_content, admin_biographical_history, provenance)")),
+    Index("ix_documents_cleaning_ruleset", "cleaning_ruleset", postgresql_include=["status"]),
+    # Written together (cleaning.py), so "cleaning_ruleset IS NULL" is covered by the text-changed arm.
+    CheckConstraint("(cleaning_ruleset IS NULL) = (cleaning_text_stamp IS NULL)", name="ck_documents_cleaning_record"),
     Index("ix_documents_stamp_errors", "id", postgresql_where=text(
         "(jsonb_path_exists(execution_log, '$.*.status ? (@ == \"ERROR\")') "
         "OR jsonb_path_exists(execution_log, '$.cleaning.*.status ? (@ == \"ERROR\")'))")),

@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import text
 
 from scrinalia.domains.archive.workers import cleaning, embedding, gpu_probe, ner, quality, typology
+from scrinalia.domains.archive.workers.stamps import reset_stamps
 from tests.workers.helpers import insert_docs, rows, run_worker, scalar, stamps
 from tests.workers.tiny_models import NLI_KEYWORDS
 
@@ -231,15 +232,57 @@ def test_cleaning_applies_rewrite_rules_with_one_stamp_per_rule(database_url, en
     assert log[rule_ids["spaces"]]["status"] == "DONE" and log[rule_ids["broken"]]["status"] == "ERROR"
     assert cleaning.SPEC.counts(engine) == {"pending": 0, "processed": 0, "failed": 2}
 
+    assert cleaning.SPEC.pending_count(engine) == 0
     status, result, _ = run_worker(database_url, engine, cleaning.SPEC, {})
-    assert result.get("units", 0) == 0
-    # a new rule re-queues every document it has not stamped; an edited title re-queues that document
+    assert result.get("units", 0) == 0  # a second run touches nothing
+    ruleset = scalar(engine, "SELECT archive_cleaning_ruleset()")
+    assert dict(rows(engine, "SELECT reference_code, cleaning_ruleset FROM archive_documents")) == {
+        "C1": ruleset, "C2": ruleset, "C3": None}
+
+    # an edited field re-queues that document only; its re-run re-stamps it and changes nothing else
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archive_documents SET provenance = 'Gift' WHERE reference_code = 'C2'"))
+    assert cleaning.SPEC.pending_count(engine) == 1
+    status, result, _ = run_worker(database_url, engine, cleaning.SPEC, {})
+    assert result["units"] == 1 and result.get("rewritten", 0) == 0
+    assert cleaning.SPEC.pending_count(engine) == 0
+
+    # any change of the active rule set (here a rule activated) re-queues every governed document once
     with engine.begin() as conn:
         conn.execute(text("UPDATE archive_cleaning_rules SET active = true WHERE name = 'off'"))
     assert cleaning.SPEC.pending_count(engine) == 2
     status, result, _ = run_worker(database_url, engine, cleaning.SPEC, {})
     assert result["units"] == 2
-    assert dict(rows(engine, "SELECT reference_code, title FROM archive_documents"))["C1"] == "LETTERS of the bishop"
+    titles = dict(rows(engine, "SELECT reference_code, title FROM archive_documents"))
+    assert titles == {"C1": "LETTERS of the bishop", "C2": "Clean title", "C3": "Approved   title"}
+    log = scalar(engine, "SELECT execution_log -> 'cleaning' FROM archive_documents WHERE reference_code = 'C1'")
+    assert set(log) == {rule_ids["spaces"], rule_ids["dot"], rule_ids["broken"], rule_ids["off"]}
+    assert cleaning.SPEC.counts(engine) == {"pending": 0, "processed": 0, "failed": 2}
+
+    # deactivating the broken rule re-queues too; the stamps are those of the set cleaned with
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archive_cleaning_rules SET active = false WHERE name = 'broken'"))
+    assert cleaning.SPEC.pending_count(engine) == 2
+    status, result, _ = run_worker(database_url, engine, cleaning.SPEC, {})
+    assert result["units"] == 2 and result.get("rewritten", 0) == 0
+    log = scalar(engine, "SELECT execution_log -> 'cleaning' FROM archive_documents WHERE reference_code = 'C1'")
+    assert set(log) == {rule_ids["spaces"], rule_ids["dot"], rule_ids["off"]}
+    assert cleaning.SPEC.counts(engine) == {"pending": 0, "processed": 2, "failed": 0}
+    # HUMAN_APPROVED is never touched, whatever the rules
+    assert scalar(engine, "SELECT execution_log::text || coalesce(cleaning_ruleset, '') FROM archive_documents "
+                          "WHERE reference_code = 'C3'") == "{}"
+
+    # no active rule: nothing is pending; reset-stamps re-queues everything once a rule is active again
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archive_cleaning_rules SET active = false"))
+    assert cleaning.SPEC.counts(engine) == {"pending": 0, "processed": 2, "failed": 0}
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archive_cleaning_rules SET active = true WHERE name = 'off'"))
+    assert cleaning.SPEC.pending_count(engine) == 2
+    run_worker(database_url, engine, cleaning.SPEC, {})
+    assert cleaning.SPEC.pending_count(engine) == 0
+    assert reset_stamps(engine, "cleaning") == 2
+    assert cleaning.SPEC.pending_count(engine) == 2
 
 
 def test_gpu_probe_reports_the_device_and_writes_nothing(database_url, engine):

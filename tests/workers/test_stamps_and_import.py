@@ -32,6 +32,46 @@ def test_the_pending_condition_is_the_predicate_of_a_partial_index(engine, spec,
     assert index in fetch, fetch
 
 
+def _plans(engine, queue):
+    """The count's and the fetch's plans, each under the queue's own planner settings."""
+    out = []
+    for sql, params, fetch in ((f"SELECT {queue.pending_count_sql()}", {}, False),
+                               (str(queue.fetch_sql("d.title")), {"after": 0, "limit": 10}, True)):
+        with engine.begin() as conn:
+            queue.prepare(conn, fetch=fetch)
+            out.append("\n".join(conn.execute(text("EXPLAIN " + sql), params).scalars()))
+    return out
+
+
+def test_the_cleaning_queue_reads_two_indexes_whether_nothing_or_everything_is_pending(engine):
+    """Decision 0027: the count and the fetch read ix_documents_pending_cleaning and
+    ix_documents_cleaning_ruleset, never a sequential scan, with nothing pending and after a rule edit."""
+    from scrinalia.domains.archive.workers.stamps import CLEANING_TEXT_STAMP_SQL
+
+    with engine.begin() as conn:  # enough rows for the planner to weigh its options as on a real archive
+        conn.execute(text("INSERT INTO archive_documents (reference_code, title, scope_and_content, status) "
+                          "SELECT 'R' || g, 'Title ' || g, repeat('Scope and content. ', 10), CAST(CASE WHEN "
+                          "g % 10 = 0 THEN 'HUMAN_APPROVED' ELSE 'DRAFT' END AS document_status) "
+                          "FROM generate_series(1, 5000) AS g"))
+        conn.execute(text("INSERT INTO archive_cleaning_rules (name, kind, field, pattern, replacement) "
+                          "VALUES ('spaces', 'REWRITE', 'title', '\\s{2,}', ' ')"))
+        conn.execute(text(f"UPDATE archive_documents AS d SET cleaning_ruleset = archive_cleaning_ruleset(), "
+                          f"cleaning_text_stamp = {CLEANING_TEXT_STAMP_SQL.format(a='d')} WHERE status <> 'HUMAN_APPROVED'"))
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE archive_documents"))  # the visibility map, as autovacuum keeps it
+    for state, pending in (("nothing pending", 0), ("a rule changed", 4500)):
+        assert cleaning.SPEC.pending_count(engine) == pending, state
+        count, fetch = _plans(engine, cleaning.QUEUE)
+        for plan in (count, fetch):
+            assert "ix_documents_pending_cleaning" in plan and "ix_documents_cleaning_ruleset" in plan, (state, plan)
+            assert "Seq Scan" not in plan, (state, plan)
+        # the count never evaluates the text stamp row by row; the fetch is one BitmapOr of the two indexes
+        assert not [line for line in count.splitlines() if "Filter" in line and "md5" in line], (state, count)
+        assert "BitmapOr" in fetch, (state, fetch)
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE archive_cleaning_rules SET replacement = '  '"))
+
+
 def test_composed_text_and_its_stamp_are_computed_by_postgresql(engine):
     insert_docs(engine, [{"reference_code": "X", "title": " Title ", "scope_and_content": "Scope",
                           "admin_biographical_history": "  ", "provenance": "Prov"}])

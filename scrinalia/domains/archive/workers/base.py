@@ -25,6 +25,7 @@ def pending_batches(ctx: RunContext, queue: StampQueue, columns: str,
     state = {"after": 0}
 
     def fetch(conn: Connection, size: int) -> list[Any]:
+        queue.prepare(conn, fetch=True)
         rows = conn.execute(sql, {"after": state["after"], "limit": size, **(params or {})}).all()
         if rows:
             state["after"] = rows[-1].id

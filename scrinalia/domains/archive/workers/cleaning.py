@@ -1,12 +1,19 @@
 """``cleaning``: the active REWRITE cleaning rules (Python regular expressions), one stamp per rule.
 
 A rule rewrites one field of the composed text (title, scope_and_content, admin_biographical_history,
-provenance) with ``re.sub(pattern, replacement)``; the active rules apply in id order. Each rule's stamp
-is md5(rule signature || the field's value after cleaning), computed by PostgreSQL, under
-``execution_log -> 'cleaning' -> '<rule id>'``: a document is pending when any active rule's stamp
-differs, so a new or edited rule, or an edited field, puts it back in the queue. An invalid pattern is
-stamped ERROR for that rule (the queue moves on; fixing the rule changes its signature and re-queues).
-A document edited between the fetch and the write is left untouched (and stays pending). Governed.
+provenance) with ``re.sub(pattern, replacement)``; the active rules apply in id order.
+
+The queue (decision 0027): a cleaned document records the rule set it was cleaned with
+(``cleaning_ruleset`` = ``archive_cleaning_ruleset()`` of the rules this run loaded) and its four fields'
+stamp after cleaning (``cleaning_text_stamp``). It is pending again when a field changes, or when the
+active rule set changes in any way (a rule added, edited, deactivated): every governed document once.
+A re-run on an unchanged document is a no-op that only re-stamps.
+
+The audit trail: ``execution_log -> 'cleaning'`` holds one stamp per rule of the set it was cleaned with
+(replaced at each cleaning), md5(rule signature || the field's value after cleaning), DONE or ERROR. An
+invalid pattern is stamped ERROR for that rule and the queue moves on (fixing the rule changes the set
+and re-queues). A document edited between the fetch and the write is left untouched (and stays
+pending). Governed.
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ from scrinalia.domains.archive.workers.sdk import RunContext, WorkerSpec
 from scrinalia.domains.archive.workers.stamps import (
     ACTIVE_REWRITE_RULES_SQL,
     CLEANABLE_FIELDS,
-    TEXT_STAMP_SQL,
+    CLEANING_TEXT_STAMP_SQL,
     StampQueue,
     error_text,
     rule_signature_sql,
@@ -29,22 +36,25 @@ from scrinalia.domains.archive.workers.stamps import (
 
 QUEUE = StampQueue(key="cleaning", stamp_sql=None, governed=True, per_rule=True)
 
+# The rules and the signature of the same set, in one statement (one snapshot).
 _RULES = text(
     f"""
     SELECT r.id, r.name, r.field, r.pattern, coalesce(r.replacement, '') AS replacement,
-           {rule_signature_sql('r')} AS signature
+           {rule_signature_sql('r')} AS signature, archive_cleaning_ruleset() AS ruleset
       FROM archive_cleaning_rules AS r WHERE {ACTIVE_REWRITE_RULES_SQL} ORDER BY r.id
     """
 )
 
-_FIELD_CASE = " ".join(f"WHEN '{f}' THEN CAST(:{f} AS text)" for f in CLEANABLE_FIELDS)
+_NEW_VALUES = [f"CAST(:{f} AS text)" for f in CLEANABLE_FIELDS]
+_FIELD_CASE = " ".join(f"WHEN '{f}' THEN {v}" for f, v in zip(CLEANABLE_FIELDS, _NEW_VALUES))
 _WRITE = text(
     f"""
     UPDATE archive_documents AS d
-       SET {", ".join(f"{f} = CAST(:{f} AS text)" for f in CLEANABLE_FIELDS)},
+       SET {", ".join(f"{f} = {v}" for f, v in zip(CLEANABLE_FIELDS, _NEW_VALUES))},
            updated_at = CASE WHEN CAST(:changed AS boolean) THEN now() ELSE d.updated_at END,
-           execution_log = jsonb_set(d.execution_log, '{{cleaning}}',
-               coalesce(d.execution_log -> 'cleaning', '{{}}'::jsonb) || (
+           cleaning_ruleset = CAST(:ruleset AS text),
+           cleaning_text_stamp = archive_cleaning_text_stamp({", ".join(_NEW_VALUES)}),
+           execution_log = jsonb_set(d.execution_log, '{{cleaning}}', (
                  SELECT coalesce(jsonb_object_agg(x.rule_id, jsonb_strip_nulls(jsonb_build_object(
                           'stamp', md5((x.v ->> 'signature') || chr(31) ||
                                        coalesce(CASE x.v ->> 'field' {_FIELD_CASE} END, '')),
@@ -53,13 +63,14 @@ _WRITE = text(
                           'run_id', CAST(:run_id AS text),
                           'at', now()))), '{{}}'::jsonb)
                    FROM jsonb_each(CAST(:rules AS jsonb)) AS x(rule_id, v)))
-     WHERE d.id = :id AND d.status <> 'HUMAN_APPROVED' AND {TEXT_STAMP_SQL.format(a='d')} = :text_stamp
+     WHERE d.id = :id AND d.status <> 'HUMAN_APPROVED' AND {CLEANING_TEXT_STAMP_SQL.format(a='d')} = :text_stamp
     RETURNING d.id
     """
 )
 
 
-def load_rules(engine) -> list[dict[str, Any]]:
+def load_rules(engine) -> tuple[list[dict[str, Any]], str | None]:
+    """The active REWRITE rules in id order, and the signature of that set (None when there is none)."""
     with engine.connect() as conn:
         rows = conn.execute(_RULES).all()
     rules = []
@@ -73,7 +84,7 @@ def load_rules(engine) -> list[dict[str, Any]]:
         except re.error as exc:
             rule["error"] = f"invalid pattern: {exc}"
         rules.append(rule)
-    return rules
+    return rules, (rows[0].ruleset if rows else None)
 
 
 def apply_rules(values: dict[str, str | None], rules: list[dict[str, Any]]) -> tuple[dict[str, str | None], dict[int, str]]:
@@ -94,23 +105,23 @@ def apply_rules(values: dict[str, str | None], rules: list[dict[str, Any]]) -> t
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
-    rules = load_rules(ctx.engine)
+    rules, ruleset = load_rules(ctx.engine)
     ctx.result["rules"] = [r["name"] for r in rules]
     broken = {r["name"]: r["error"] for r in rules if r["error"]}
     if broken:
         ctx.result["broken_rules"] = broken
     if not rules:
         return ctx.result
-    columns = ", ".join(f"d.{f}" for f in CLEANABLE_FIELDS) + f", {TEXT_STAMP_SQL.format(a='d')} AS text_stamp"
+    rule_json = {str(r["id"]): {"signature": r["signature"], "field": r["field"]} for r in rules}
+    columns = ", ".join(f"d.{f}" for f in CLEANABLE_FIELDS) + f", {CLEANING_TEXT_STAMP_SQL.format(a='d')} AS text_stamp"
     for batch in pending_batches(ctx, QUEUE, columns):
         params = []
         for row in batch:
             before = {f: getattr(row, f) for f in CLEANABLE_FIELDS}
             after, errors = apply_rules(before, rules)
-            rule_json = {str(r["id"]): {"signature": r["signature"], "field": r["field"],
-                                        "error": errors.get(r["id"])} for r in rules}
+            stamps = {rid: {**v, "error": errors.get(int(rid))} for rid, v in rule_json.items()}
             params.append({"id": row.id, "text_stamp": row.text_stamp, "changed": after != before,
-                           "run_id": str(ctx.run_id), "rules": json.dumps(rule_json), **after})
+                           "ruleset": ruleset, "run_id": str(ctx.run_id), "rules": json.dumps(stamps), **after})
 
         def write(conn: Connection) -> tuple[int, int]:
             written = changed = 0

@@ -280,6 +280,26 @@ class PersistedSettings:
     revision: int | None = None
 
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any] | None) -> PersistedSettings:
+        """From an ``archive_worker_settings`` row as a mapping (``worker_settings.all_settings``)."""
+        if not row:
+            return cls()
+        return cls(engine_name=row.get("engine_name"), preset=row.get("preset"),
+                   db_batch_size=row.get("db_batch_size"), options=dict(row.get("options") or {}),
+                   engine_options=dict(row.get("engine_options") or {}), revision=row.get("revision"))
+
+
+@dataclass(frozen=True)
+class DatabaseLayer:
+    """What the default resolver reads from the database, read ONCE for many workers (the API's worker
+    list resolves every worker's effective settings): every worker's persisted settings and the active
+    LLM_CHECK rule. Without it, ``resolve_config`` reads them itself, one worker at a time."""
+
+    settings: Mapping[str, PersistedSettings] = field(default_factory=dict)
+    llm_check_rule: Mapping[str, Any] | None = None
+
+
 _SETTINGS = text(
     """
     SELECT engine_name, preset, db_batch_size, options, engine_options, revision
@@ -371,15 +391,17 @@ class WorkerSpec:
 
     # -- configuration --------------------------------------------------------------------------
 
-    def resolve(self, engine: Engine | None, request: Mapping[str, Any]) -> ResolvedConfig:
+    def resolve(self, engine: Engine | None, request: Mapping[str, Any],
+                layer: DatabaseLayer | None = None) -> ResolvedConfig:
         """Re-resolve the request against persisted settings and defaults (explicit > persisted > default).
 
-        ``engine`` is the database (None: no persisted layer, used by offline validation). Raises a
-        ``WorkerConfigError`` subclass that names the offending field.
+        ``engine`` is the database (None: no persisted layer, used by offline validation). ``layer``: the
+        database's part already read (``DatabaseLayer``), for the default resolver; a custom resolver
+        reads what it needs itself. Raises a ``WorkerConfigError`` subclass that names the offending field.
         """
         if self.resolver is not None:
             return self.resolver(self, engine, request)
-        return resolve_config(self, engine, request)
+        return resolve_config(self, engine, request, layer=layer)
 
     def describe_config(
         self, engine_name: str | None, preset: str | None = None, engine_options: Mapping[str, Any] | None = None
@@ -501,7 +523,8 @@ def _coerce_options(values: Mapping[str, Any], declared: Mapping[str, "OptionSpe
     return clean
 
 
-def resolve_config(spec: WorkerSpec, engine: Engine | None, request: Mapping[str, Any]) -> ResolvedConfig:
+def resolve_config(spec: WorkerSpec, engine: Engine | None, request: Mapping[str, Any],
+                   layer: DatabaseLayer | None = None) -> ResolvedConfig:
     """The default resolver. Precedence, field by field: explicit request > persisted settings > default.
 
     * the engine: explicit ``engine_name`` > persisted > ``spec.default_engine``. The persisted preset and
@@ -516,7 +539,10 @@ def resolve_config(spec: WorkerSpec, engine: Engine | None, request: Mapping[str
       and refuses an explicit engine (it would disagree with the rule).
     """
     clean = validate_request(request)
-    persisted = load_persisted(engine, spec.name)
+    if layer is not None:
+        persisted = layer.settings.get(spec.name) or PersistedSettings()
+    else:
+        persisted = load_persisted(engine, spec.name)
     sources: dict[str, str] = {}
 
     # batch size
@@ -555,7 +581,10 @@ def resolve_config(spec: WorkerSpec, engine: Engine | None, request: Mapping[str
             raise UnknownOption(
                 f"engine_options.{first}", f"worker {spec.name!r} takes its engine options from the LLM_CHECK rule"
             )
-        rule = active_llm_check_rule(engine) if engine is not None else None
+        if layer is not None:
+            rule = dict(layer.llm_check_rule) if layer.llm_check_rule is not None else None
+        else:
+            rule = active_llm_check_rule(engine) if engine is not None else None
         if rule is not None and rule["engine_name"]:
             espec = spec._engine(rule["engine_name"], "llm_check_rule.engine_name")
             engine_name = espec.name

@@ -16,8 +16,15 @@ creates a partial index whose predicate is that very condition (``ix_documents_p
   not with the archive (0 pending = an empty index);
 * a batch fetch is ``ORDER BY id LIMIT n`` on the same partial index, keyset-paged by id.
 
-``cleaning`` has one stamp per active REWRITE rule; its condition reads the rules table, which no index
-predicate can, so its count is a sequential scan (measured in docs/benchmarks.md).
+``cleaning`` keeps one stamp per active REWRITE rule in execution_log (the audit trail: DONE/ERROR per
+rule), but its queue reads two columns (decision 0027): ``cleaning_text_stamp`` (the four fields' stamp
+after cleaning) and ``cleaning_ruleset`` (the rule set's signature, ``archive_cleaning_ruleset()``, at
+cleaning time). Pending = governed AND a rule is active AND (text changed since cleaning: the predicate
+of ix_documents_pending_cleaning OR cleaning_ruleset < sig OR > sig: range scans on
+ix_documents_cleaning_ruleset), the signature an InitPlan over the small rules table. The fetch is a
+BitmapOr of those index scans; the count is the same set counted in three index reads without a heap
+visit per pending document (``pending_count_sql``). See
+``StampQueue.planner_settings`` for why the planner is told which scans to use.
 
 Each written stamp is the value computed at FETCH time (returned by the fetch query), never recomputed
 at write time: a document edited between the fetch and the commit keeps a stale stamp and stays pending.
@@ -62,7 +69,7 @@ def field_value_sql(alias: str, rule_alias: str = "r") -> str:
 
 def rule_signature_sql(rule_alias: str = "r") -> str:
     r = rule_alias
-    return f"md5({r}.field || chr(31) || coalesce({r}.pattern, '') || chr(31) || coalesce({r}.replacement, ''))"
+    return f"archive_cleaning_rule_signature({r}.field, {r}.pattern, {r}.replacement)"
 
 
 def rule_stamp_sql(alias: str = "d", rule_alias: str = "r") -> str:
@@ -74,6 +81,14 @@ ACTIVE_REWRITE_RULES_SQL = (
     f"r.kind = 'REWRITE' AND r.active AND r.field IN ({', '.join(repr(f) for f in CLEANABLE_FIELDS)})"
 )
 
+#: The stamp of the four cleanable fields as they are (NULL and '' distinct), by PostgreSQL.
+CLEANING_TEXT_STAMP_SQL = (
+    "archive_cleaning_text_stamp({a}.title, {a}.scope_and_content, {a}.admin_biographical_history, {a}.provenance)"
+)
+#: The signature of the active REWRITE rule set (NULL when none): ONE SQL function, in the migration.
+#: As a scalar subquery it is an InitPlan, evaluated once per statement, usable as an index bound.
+CLEANING_RULESET_SQL = "(SELECT archive_cleaning_ruleset())"
+
 
 @dataclass(frozen=True)
 class StampQueue:
@@ -84,17 +99,24 @@ class StampQueue:
     governed: bool
     per_rule: bool = False
 
+    def _cleaning_parts(self, alias: str) -> tuple[str, str, tuple[str, str]]:
+        """The per-rule queue's condition as (gate, text arm, rule-set ranges): pending = gate AND (text
+        OR below OR above). Nothing is pending while no rule is active (the gate, a one-time filter).
+        The text arm (changed since cleaning) is the predicate of ix_documents_pending_cleaning; "cleaned
+        with another rule set" is two open ranges, index range scans on ix_documents_cleaning_ruleset.
+        "Never cleaned" (cleaning_ruleset IS NULL) needs no arm of its own: ck_documents_cleaning_record
+        makes it cleaning_text_stamp IS NULL, which the text arm holds; an IS NULL arm would visit every
+        HUMAN_APPROVED row (never cleaned) on each count."""
+        sig = CLEANING_RULESET_SQL
+        gate = f"{sig} IS NOT NULL"
+        text_arm = f"{alias}.cleaning_text_stamp IS DISTINCT FROM {CLEANING_TEXT_STAMP_SQL.format(a=alias)}"
+        return gate, text_arm, (f"{alias}.cleaning_ruleset < {sig}", f"{alias}.cleaning_ruleset > {sig}")
+
     def pending(self, alias: str = "d") -> str:
         """The pending condition (SQL over ``alias``): the same for the execution and for the count."""
         if self.per_rule:
-            # The active rules' signatures are computed once per statement (OFFSET 0 keeps the planner
-            # from flattening the subquery into a per-document md5), then one md5 per document and rule.
-            cond = (
-                f"EXISTS (SELECT 1 FROM (SELECT r.id::text AS rid, r.field, {rule_signature_sql('r')} AS sig "
-                f"FROM archive_cleaning_rules AS r WHERE {ACTIVE_REWRITE_RULES_SQL} OFFSET 0) AS rs "
-                f"WHERE ({alias}.execution_log -> '{self.key}' -> rs.rid ->> 'stamp') IS DISTINCT FROM "
-                f"md5(rs.sig || chr(31) || coalesce({field_value_sql(alias, 'rs')}, '')))"
-            )
+            gate, text_arm, (below, above) = self._cleaning_parts(alias)
+            cond = f"{gate} AND ({text_arm} OR {below} OR {above})"
         else:
             cond = (
                 f"({alias}.execution_log #>> '{{{self.key},stamp}}') "
@@ -103,6 +125,46 @@ class StampQueue:
         if self.governed:
             cond = f"{GOVERNED_SQL.format(a=alias)} AND {cond}"
         return cond
+
+    def pending_count_sql(self) -> str:
+        """A scalar SQL expression: the number of documents ``pending`` holds.
+
+        For the per-rule queue, count(gate AND (text OR below OR above)) is written count(below) +
+        count(above) + count(text AND NOT below AND NOT above) (the ranges are disjoint; each term
+        governed and gated): the same set, counted without a heap visit per pending document. The ranges
+        are index-only range scans of ix_documents_cleaning_ruleset (cleaning_ruleset) INCLUDE (status);
+        the text term reads only ix_documents_pending_cleaning (id, cleaning_ruleset), whose entries
+        carry the rule set it subtracts (``FILTER``), so the planner has no other index to pick for it.
+        """
+        if not self.per_rule:
+            return f"(SELECT count(*) FROM archive_documents AS d WHERE {self.pending('d')})"
+        gate, text_arm, (below, above) = self._cleaning_parts("d")
+        where = f"{GOVERNED_SQL.format(a='d')} AND {gate}" if self.governed else gate
+        return (
+            f"((SELECT count(*) FROM archive_documents AS d WHERE {where} AND {below}) + "
+            f"(SELECT count(*) FROM archive_documents AS d WHERE {where} AND {above}) + "
+            f"(SELECT count(*) - count(*) FILTER (WHERE {below}) - count(*) FILTER (WHERE {above}) "
+            f"FROM archive_documents AS d WHERE {where} AND {text_arm}))"
+        )
+
+    def planner_settings(self, fetch: bool = False) -> tuple[str, ...]:
+        """``SET LOCAL`` settings for a statement that reads this queue.
+
+        The per-rule queue's condition is an OR whose arms PostgreSQL cannot estimate: ``x IS DISTINCT
+        FROM f(row)`` is priced at 99.5% of the rows and ``cleaning_ruleset < $initplan`` at a third, so
+        on its own it picks a sequential scan with an md5 per row (~100 ms per 100k documents) for the
+        count, and for the fetch a primary-key scan that filters the whole archive when little is
+        pending. The BitmapOr of the two indexes is never worse than those by much (~35 ms per 100k
+        when everything is pending) and is ~0.5 ms when nothing is, so the statement says so.
+        """
+        if not self.per_rule:
+            return ()
+        return ("enable_seqscan = off", "enable_indexscan = off") if fetch else ("enable_seqscan = off",)
+
+    def prepare(self, conn: Connection, fetch: bool = False) -> None:
+        """Apply ``planner_settings`` to the current transaction of ``conn``."""
+        for setting in self.planner_settings(fetch):
+            conn.execute(text(f"SET LOCAL {setting}"))
 
     def stamp(self, alias: str = "d") -> str:
         return self.stamp_sql.format(a=alias) if self.stamp_sql else "NULL"
@@ -122,8 +184,8 @@ class StampQueue:
         )
 
     def pending_count(self, engine: Engine | Connection) -> int:
-        sql = text(f"SELECT count(*) FROM archive_documents AS d WHERE {self.pending('d')}")
-        return int(_scalar(engine, sql))
+        sql = text(f"SELECT {self.pending_count_sql()}")
+        return int(_scalar(engine, sql, settings=self.planner_settings()))
 
     def counts(self, engine: Engine | Connection) -> dict[str, int]:
         """pending (the execution's condition), failed (ERROR and not pending), processed (the rest).
@@ -139,7 +201,7 @@ class StampQueue:
         eligible = "count(*)" if not self.governed else "count(*) FILTER (WHERE d.status <> 'HUMAN_APPROVED')"
         sql = text(
             f"""
-            SELECT (SELECT count(*) FROM archive_documents AS d WHERE {self.pending('d')}) AS pending,
+            SELECT {self.pending_count_sql()} AS pending,
                    (SELECT count(*) FROM archive_documents AS d
                      WHERE {ANY_ERROR_SQL.format(a='d')} AND {failed_cond}
                        {"AND d.status <> 'HUMAN_APPROVED'" if self.governed else ""}
@@ -147,7 +209,7 @@ class StampQueue:
                    (SELECT {eligible} FROM archive_documents AS d) AS eligible
             """
         )
-        row = _one(engine, sql)
+        row = _one(engine, sql, settings=self.planner_settings())
         pending, failed, eligible_n = int(row.pending), int(row.failed), int(row.eligible)
         return {"pending": pending, "failed": failed, "processed": max(0, eligible_n - pending - failed)}
 
@@ -160,7 +222,7 @@ class StampQueue:
             failed_cond = f"(d.execution_log #>> '{{{self.key},status}}') = 'ERROR'"
         governed = "AND d.status <> 'HUMAN_APPROVED'" if self.governed else ""
         return [
-            f"(SELECT count(*) FROM archive_documents AS d WHERE {pending}) AS pending_{suffix}",
+            f"{self.pending_count_sql()} AS pending_{suffix}",
             f"(SELECT count(*) FROM archive_documents AS d WHERE {ANY_ERROR_SQL.format(a='d')} "
             f"AND {failed_cond} {governed} AND NOT ({pending})) AS failed_{suffix}",
         ]
@@ -215,33 +277,47 @@ def _write_stamps_sql(governed: bool) -> Any:
 _NO_JIT = text("SET LOCAL jit = off")
 
 
-def _one(engine: Engine | Connection, sql: Any, params: Mapping[str, Any] | None = None) -> Any:
-    """One row of a count. JIT is off for it: the planner prices the per-rule subplan so high that
-    PostgreSQL would spend ~100 ms compiling a query that reads an empty partial index."""
-    if isinstance(engine, Connection):
-        engine.execute(_NO_JIT)
-        return engine.execute(sql, params or {}).one()
-    with engine.connect() as conn:
+def _one(engine: Engine | Connection, sql: Any, params: Mapping[str, Any] | None = None,
+         settings: Sequence[str] = ()) -> Any:
+    """One row of a count. JIT is off for it: PostgreSQL prices the stamp expressions high enough to
+    spend tens of ms compiling a query that reads an empty partial index. ``settings``: more ``SET
+    LOCAL`` (a queue's ``planner_settings``)."""
+    def run(conn: Connection) -> Any:
         conn.execute(_NO_JIT)
-        row = conn.execute(sql, params or {}).one()
+        for setting in settings:
+            conn.execute(text(f"SET LOCAL {setting}"))
+        return conn.execute(sql, params or {}).one()
+
+    if isinstance(engine, Connection):
+        return run(engine)
+    with engine.connect() as conn:
+        row = run(conn)
         conn.rollback()
         return row
 
 
-def _scalar(engine: Engine | Connection, sql: Any, params: Mapping[str, Any] | None = None) -> Any:
-    return _one(engine, sql, params)[0]
+def _scalar(engine: Engine | Connection, sql: Any, params: Mapping[str, Any] | None = None,
+            settings: Sequence[str] = ()) -> Any:
+    return _one(engine, sql, params, settings)[0]
 
 
 def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:ERROR_MESSAGE_MAX]
 
 
+#: Columns that belong to a stamp key's record besides execution_log (forgotten with it).
+_RECORD_COLUMNS = {"cleaning": ("cleaning_ruleset", "cleaning_text_stamp")}
+
+
 def reset_stamps(engine: Engine, key: str) -> int:
     """Forget a stamp key on every document, so its worker re-processes the whole archive."""
+    columns = _RECORD_COLUMNS.get(key, ())
+    sets = "".join(f", {c} = NULL" for c in columns)
+    where = " OR ".join(["execution_log ? CAST(:key AS text)"] + [f"{c} IS NOT NULL" for c in columns])
     with engine.begin() as conn:
         return conn.execute(
-            text("UPDATE archive_documents SET execution_log = execution_log - CAST(:key AS text) "
-                 "WHERE execution_log ? CAST(:key AS text)"),
+            text(f"UPDATE archive_documents SET execution_log = execution_log - CAST(:key AS text){sets} "
+                 f"WHERE {where}"),
             {"key": key},
         ).rowcount
 
@@ -255,8 +331,9 @@ RUN_ID_PARAM = bindparam("run_id", type_=UUID(as_uuid=True))
 
 def catalogue_counts(engine: Engine | Connection, specs: Mapping[str, Any]) -> dict[str, dict[str, int] | None]:
     """``{"pending", "processed", "failed"}`` for every worker of ``specs`` with a StampQueue, in ONE
-    statement (JIT off: see ``_one``); None for a worker without a queue. On 100k documents: a few ms for
-    the indexed queues, plus ~0.1-0.2 s when ``cleaning`` (a sequential scan) is among them."""
+    statement (JIT off: see ``_one``; with the queues' ``planner_settings``); None for a worker without
+    a queue. Every part is index-backed: a few ms on 100k documents when little is pending
+    (docs/benchmarks.md)."""
     out: dict[str, dict[str, int] | None] = {}
     columns: list[str] = []
     queues: dict[str, tuple[int, StampQueue]] = {}
@@ -269,9 +346,11 @@ def catalogue_counts(engine: Engine | Connection, specs: Mapping[str, Any]) -> d
         columns += queue.count_columns(i)
     if not queues:
         return out
+    settings = sorted({s for _, q in queues.values() for s in q.planner_settings()})
     row = _one(engine, text(
         "SELECT totals.*, " + ", ".join(columns) + " FROM (SELECT count(*) AS total, "
-        "count(*) FILTER (WHERE status <> 'HUMAN_APPROVED') AS governed FROM archive_documents) AS totals"))
+        "count(*) FILTER (WHERE status <> 'HUMAN_APPROVED') AS governed FROM archive_documents) AS totals"),
+        settings=settings)
     m = row._mapping
     for name, (i, queue) in queues.items():
         eligible = m["governed"] if queue.governed else m["total"]
