@@ -213,14 +213,7 @@ def enqueue(
         "delay_seconds": not_before_delay_s,
         "schedule_id": schedule_id,
     }
-    try:
-        with engine.begin() as conn:
-            row = conn.execute(_ENQUEUE, params).one()
-    except IntegrityError as exc:
-        if isinstance(exc.orig, UniqueViolation) and "uq_worker_run_active" in str(exc.orig):
-            raise WorkerRunAlreadyActive(worker_name, active_run(engine, worker_name)) from None
-        raise
-    return WorkerRun.from_row(row)
+    return _insert_into_slot(engine, _ENQUEUE, params)
 
 
 # --- claim ---------------------------------------------------------------------------------------
@@ -292,20 +285,25 @@ def create_running(
     """The CLI's claim: insert the row already RUNNING under its own runner id and lease (ADR gap 3)."""
     validate_worker_name(worker_name)
     clean = validate_request(request)
+    params = {
+        "worker_name": worker_name,
+        "requested_by": requested_by,
+        "request": json.dumps(clean),
+        "runner_id": runner_id,
+        "lease_seconds": float(lease_seconds),
+    }
+    return _insert_into_slot(engine, _CREATE_RUNNING, params)
+
+
+def _insert_into_slot(engine: Engine, statement: Any, params: Mapping[str, Any]) -> WorkerRun:
+    """Run an INSERT of an active row in its own committed transaction; the slot's unique index
+    turns a second active row into ``WorkerRunAlreadyActive`` carrying the run that holds the slot."""
     try:
         with engine.begin() as conn:
-            row = conn.execute(
-                _CREATE_RUNNING,
-                {
-                    "worker_name": worker_name,
-                    "requested_by": requested_by,
-                    "request": json.dumps(clean),
-                    "runner_id": runner_id,
-                    "lease_seconds": float(lease_seconds),
-                },
-            ).one()
+            row = conn.execute(statement, params).one()
     except IntegrityError as exc:
         if isinstance(exc.orig, UniqueViolation) and "uq_worker_run_active" in str(exc.orig):
+            worker_name = params["worker_name"]
             raise WorkerRunAlreadyActive(worker_name, active_run(engine, worker_name)) from None
         raise
     return WorkerRun.from_row(row)
