@@ -85,19 +85,13 @@ def session_principal(
     return principal
 
 
-def system_guard(
-    request: Request,
-    principal: Principal | None = Depends(optional_principal),
-    csrf: str | None = Depends(csrf_scheme),
-) -> Principal:
-    """The guard of every /system route (installed on the router)."""
-    if principal is None:
-        raise unauthenticated()
+def system_guard(request: Request, principal: Principal = Depends(session_principal)) -> Principal:
+    """The guard of every /system route (installed on the router): a live session with its CSRF
+    token for cookie writes, a password already changed, and the ADMIN role to operate."""
     if principal.user.must_change_password:
         raise ApiError(403, "password_change_required",
                        "the password must be changed first (POST /api/v1/auth/change-password)")
     if request.method not in SAFE_METHODS and principal.user.role != OPERATE_ROLE:
         raise forbidden(f"{request.method} {request.url.path} operates the system and needs the ADMIN role")
-    check_csrf(request, principal, csrf)
     return principal
 
