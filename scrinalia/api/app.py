@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 
 from scrinalia.api import catalogue_view, errors
 from scrinalia.api.context import AppContext
-from scrinalia.api.routers import auth, health, runners, runs, workers
+from scrinalia.api.routers import auth, health, runners, runs, schedules, workers
 from scrinalia.api.security import system_guard
 from scrinalia.api.settings import ApiSettings, load_api_settings
 from scrinalia.domains.archive.workers.sdk import WorkerSpec
@@ -38,6 +38,7 @@ def system_router() -> APIRouter:
     router.include_router(workers.router)
     router.include_router(runs.router)
     router.include_router(runners.router)
+    router.include_router(schedules.router)
     return router
 
 

@@ -244,3 +244,34 @@ class HealthOut(BaseModel):
     database: Literal["ok", "unreachable"]
     schema_state: Literal["current", "behind", "ahead_or_unknown", "unknown"] = Field(alias="schema")
     version: str
+
+
+# --- schedules ---
+
+
+class ScheduleIn(Strict):
+    worker_name: str = Field(min_length=1, max_length=100)
+    interval_seconds: int = Field(ge=60, le=366 * 86_400, description="At least 60")
+    request: RunRequestIn = Field(default_factory=RunRequestIn, description="The request of each scheduled run")
+    first_delay_seconds: float = Field(default=0, ge=0, le=366 * 86_400,
+                                       description="Seconds from now to the first tick (default: at once)")
+
+
+class ScheduleEnabledIn(Strict):
+    enabled: bool
+
+
+class ScheduleOut(BaseModel):
+    id: int
+    worker_name: str
+    interval_seconds: int
+    request: dict[str, Any]
+    enabled: bool
+    next_run_at: str
+    last_tick_at: str | None
+    last_run_id: str | None
+    last_outcome: str | None = Field(description="enqueued, or skipped-busy when the worker's slot was taken")
+
+
+class SchedulesOut(BaseModel):
+    schedules: list[ScheduleOut]

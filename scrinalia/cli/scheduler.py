@@ -60,6 +60,6 @@ def disable(schedule_id: int) -> None:
     """Disable a schedule."""
     from scrinalia.scheduler.schedules import set_enabled
 
-    if not set_enabled(app_engine(get_settings()), schedule_id, False):
+    if set_enabled(app_engine(get_settings()), schedule_id, False) is None:
         raise click.UsageError(f"no schedule {schedule_id}")
     click.echo(f"schedule {schedule_id} disabled")

@@ -61,7 +61,8 @@ _RECORD_TICK = text(
 )
 
 _LIST = text(f"SELECT {_COLUMNS} FROM archive_worker_schedules ORDER BY worker_name, id")
-_SET_ENABLED = text("UPDATE archive_worker_schedules SET enabled = :enabled, updated_at = now() WHERE id = :id")
+_SET_ENABLED = text(f"UPDATE archive_worker_schedules SET enabled = :enabled, updated_at = now() WHERE id = :id RETURNING {_COLUMNS}")
+_DELETE = text("DELETE FROM archive_worker_schedules WHERE id = :id")
 
 
 def create_schedule(engine: Engine, worker_name: str, interval_seconds: int, request: dict[str, Any] | None = None,
@@ -82,9 +83,17 @@ def list_schedules(engine: Engine) -> list[Schedule]:
         return [Schedule(**r._mapping) for r in conn.execute(_LIST).all()]
 
 
-def set_enabled(engine: Engine, schedule_id: int, enabled: bool) -> bool:
+def set_enabled(engine: Engine, schedule_id: int, enabled: bool) -> Schedule | None:
+    """Enable or disable a schedule; None when there is no such schedule."""
     with engine.begin() as conn:
-        return conn.execute(_SET_ENABLED, {"id": schedule_id, "enabled": enabled}).rowcount == 1
+        row = conn.execute(_SET_ENABLED, {"id": schedule_id, "enabled": enabled}).one_or_none()
+    return Schedule(**row._mapping) if row is not None else None
+
+
+def delete_schedule(engine: Engine, schedule_id: int) -> bool:
+    """Remove a schedule; its past runs keep their rows (``schedule_id`` becomes NULL)."""
+    with engine.begin() as conn:
+        return conn.execute(_DELETE, {"id": schedule_id}).rowcount == 1
 
 
 @dataclass(frozen=True, slots=True)

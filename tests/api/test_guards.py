@@ -10,7 +10,7 @@ from scrinalia.api.app import SYSTEM_PREFIX, api_routes, assert_system_routes_gu
 from scrinalia.api.security import SAFE_METHODS
 from tests.api.conftest import add_user, cookie_login
 
-PARAMS = {"name": "alpha", "run_id": str(uuid.uuid4()), "runner_id": str(uuid.uuid4())}
+PARAMS = {"name": "alpha", "run_id": str(uuid.uuid4()), "runner_id": str(uuid.uuid4()), "schedule_id": "1"}
 
 
 def system_calls(app):
@@ -32,8 +32,8 @@ def test_the_route_table_has_the_expected_system_routes(app):
     calls = system_calls(app)
     assert len(calls) >= 12
     operate = [c for c in calls if c[0] not in SAFE_METHODS]
-    assert {m for m, _ in operate} == {"POST", "PUT", "DELETE"}
-    assert len(operate) == 5  # enqueue, cancel, drain, settings put/delete
+    assert {m for m, _ in operate} == {"POST", "PUT", "PATCH", "DELETE"}
+    assert len(operate) == 8  # enqueue, cancel, drain, settings put/delete, schedule post/patch/delete
 
 
 def test_anonymous_gets_401_on_every_system_route(client, app):

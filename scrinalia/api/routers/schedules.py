@@ -1,0 +1,68 @@
+"""/api/v1/system/schedules: what the scheduler enqueues, and when (OPERATE for every write)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from scrinalia.api import catalogue_view
+from scrinalia.api.context import ctx
+from scrinalia.api.errors import field_errors, not_found
+from scrinalia.api.schemas import ErrorOut, ScheduleEnabledIn, ScheduleIn, ScheduleOut, SchedulesOut
+from scrinalia.api.security import Principal, system_guard
+from scrinalia.domains.archive.errors import InvalidRunRequest
+from scrinalia.scheduler import schedules
+
+log = logging.getLogger("scrinalia.api.schedules")
+router = APIRouter(prefix="/schedules", tags=["schedules"])
+_ERR = {401: {"model": ErrorOut}, 403: {"model": ErrorOut}, 404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+
+
+def _out(schedule: schedules.Schedule) -> dict[str, Any]:
+    out = asdict(schedule)
+    for key in ("next_run_at", "last_tick_at"):
+        out[key] = out[key].isoformat() if out[key] is not None else None
+    out["last_run_id"] = str(out["last_run_id"]) if out["last_run_id"] is not None else None
+    return out
+
+
+@router.get("", response_model=SchedulesOut, responses=_ERR, summary="Every schedule, with its next tick and last outcome")
+def list_schedules(request: Request) -> dict[str, Any]:
+    return {"schedules": [_out(s) for s in schedules.list_schedules(ctx(request).engine)]}
+
+
+@router.post("", status_code=201, response_model=ScheduleOut, responses=_ERR,
+             summary="Add a schedule (OPERATE); its request is validated like a run's")
+def create_schedule(body: ScheduleIn, request: Request, principal: Principal = Depends(system_guard)) -> Any:
+    c = ctx(request)
+    spec = c.catalogue.get(body.worker_name)
+    if spec is None:
+        raise not_found(f"worker {body.worker_name!r}")
+    try:
+        clean = catalogue_view.validate_run_request(spec, c.engine, body.request.model_dump(exclude_unset=True))
+    except InvalidRunRequest as exc:
+        raise field_errors({f"request.{exc.field}": exc.message}) from None
+    schedule = schedules.create_schedule(c.engine, body.worker_name, body.interval_seconds, clean,
+                                         created_by=principal.label, first_delay_s=body.first_delay_seconds)
+    log.info("schedule %s added for %s every %s s (user %s)", schedule.id, schedule.worker_name,
+             schedule.interval_seconds, principal.user.id)
+    return _out(schedule)
+
+
+@router.patch("/{schedule_id}", response_model=ScheduleOut, responses=_ERR,
+              summary="Enable or disable a schedule (OPERATE)")
+def set_enabled(schedule_id: int, body: ScheduleEnabledIn, request: Request,
+                principal: Principal = Depends(system_guard)) -> Any:
+    schedule = schedules.set_enabled(ctx(request).engine, schedule_id, body.enabled)
+    if schedule is None:
+        raise not_found(f"schedule {schedule_id}")
+    return _out(schedule)
+
+
+@router.delete("/{schedule_id}", status_code=204, responses=_ERR, summary="Remove a schedule (OPERATE)")
+def delete_schedule(schedule_id: int, request: Request, principal: Principal = Depends(system_guard)) -> Response:
+    if not schedules.delete_schedule(ctx(request).engine, schedule_id):
+        raise not_found(f"schedule {schedule_id}")
+    return Response(status_code=204)
