@@ -65,9 +65,7 @@ def pg_admin_url() -> Iterator[str]:
 
 
 def _admin_engine(admin_url: str) -> Engine:
-    return create_engine(
-        make_url(admin_url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT", poolclass=None
-    )
+    return create_engine(make_url(admin_url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT")
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,10 @@ from scrinalia.db.engine import app_engine
 from scrinalia.settings import get_settings
 
 
+def _engine():
+    return app_engine(get_settings(), application_name="scrinalia-scheduler")
+
+
 @click.group("scheduler")
 def command() -> None:
     """Schedules and the scheduler process (exactly one is active; others stand by)."""
@@ -22,7 +26,7 @@ def run(interval: float) -> None:
     from scrinalia.scheduler.service import Scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    Scheduler(app_engine(get_settings(), application_name="scrinalia-scheduler")).serve(interval)
+    Scheduler(_engine()).serve(interval)
 
 
 @command.command("add")
@@ -37,7 +41,7 @@ def add(worker: str, every: int, request_json: str, created_by: str | None) -> N
 
     try:
         request = json.loads(request_json)
-        schedule = create_schedule(app_engine(get_settings()), worker, every, request, created_by=created_by)
+        schedule = create_schedule(_engine(), worker, every, request, created_by=created_by)
     except (json.JSONDecodeError, InvalidRunRequest, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(f"schedule {schedule.id}: {worker} every {every} s, next at {schedule.next_run_at:%Y-%m-%d %H:%M:%S %Z}")
@@ -48,7 +52,7 @@ def list_() -> None:
     """List schedules."""
     from scrinalia.scheduler.schedules import list_schedules
 
-    for s in list_schedules(app_engine(get_settings())):
+    for s in list_schedules(_engine()):
         state = "enabled" if s.enabled else "disabled"
         click.echo(f"{s.id}\t{s.worker_name}\tevery {s.interval_seconds}s\t{state}\tnext {s.next_run_at:%Y-%m-%d %H:%M:%S}"
                    f"\tlast {s.last_outcome or '-'}")
@@ -60,6 +64,6 @@ def disable(schedule_id: int) -> None:
     """Disable a schedule."""
     from scrinalia.scheduler.schedules import set_enabled
 
-    if set_enabled(app_engine(get_settings()), schedule_id, False) is None:
+    if set_enabled(_engine(), schedule_id, False) is None:
         raise click.UsageError(f"no schedule {schedule_id}")
     click.echo(f"schedule {schedule_id} disabled")

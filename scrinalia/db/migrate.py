@@ -1,12 +1,13 @@
 """Alembic from inside the package: the bundled migrations, their head, and the database's revision."""
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, text
 
 import migrations
 
@@ -22,7 +23,10 @@ def alembic_config(url: str | None = None) -> Config:
     return config
 
 
+@lru_cache(maxsize=1)
 def head_revision() -> str:
+    """The bundled head. Cached: the migrations on disk do not change under a running process, and
+    reading them parses every revision file."""
     heads = ScriptDirectory.from_config(alembic_config()).get_heads()
     if len(heads) != 1:
         raise RuntimeError(f"the bundled migrations have {len(heads)} heads; expected exactly one")
@@ -37,21 +41,9 @@ def current_revision(conn: Connection) -> str | None:
     return conn.execute(text("SELECT version_num FROM alembic_version LIMIT 1")).scalar()
 
 
-def is_behind(revision: str | None) -> bool:
-    """True when ``revision`` is not the bundled head (older, unknown or absent)."""
-    return revision != head_revision()
-
-
 def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str = "base") -> None:
     command.downgrade(alembic_config(url), revision)
-
-
-def upgrade_engine(engine: Engine, revision: str = "head") -> None:
-    config = alembic_config()
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, revision)

@@ -36,9 +36,8 @@ def test_runner_role_least_privilege(database_url, engine):
         for forbidden in ("SELECT * FROM auth_users", "SELECT * FROM auth_sessions",
                           "CREATE TABLE evil (id int)", "DROP TABLE archive_documents",
                           "UPDATE archive_worker_settings SET preset = 'x'"):
-            with pytest.raises(ProgrammingError, match="permission denied|must be owner"):
-                with as_runner.begin() as conn:
-                    conn.execute(text(forbidden))
+            with pytest.raises(ProgrammingError, match="permission denied|must be owner"), as_runner.begin() as conn:
+                conn.execute(text(forbidden))
     finally:
         as_runner.dispose()
         with engine.begin() as conn:

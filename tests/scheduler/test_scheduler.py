@@ -125,7 +125,7 @@ def test_cancelled_is_never_retried_and_interrupted_is(engine):
     assert [r.worker_name for r in retry_failed_scheduled_runs(engine)] == ["b"]
 
 
-def test_backoff_is_capped_at_thirty_minutes(engine):
+def test_backoff_is_capped_at_thirty_minutes(engine, monkeypatch):
     runner = register_runner(engine, ["x"])
     create_schedule(engine, "x", 3600, first_delay_s=3600)
     run = ledger.enqueue(engine, "x", {}, trigger="SCHEDULE", attempt=2)
@@ -133,11 +133,32 @@ def test_backoff_is_capped_at_thirty_minutes(engine):
         conn.execute(text("UPDATE archive_worker_runs SET attempt = 7 WHERE run_id = :r"), {"r": run.run_id})
     _fail(engine, runner, "x")
     from scrinalia.scheduler import retry as policy
-    original = policy.MAX_ATTEMPTS
-    policy.MAX_ATTEMPTS = 10
-    try:
-        (r,) = retry_failed_scheduled_runs(engine)
-    finally:
-        policy.MAX_ATTEMPTS = original
+
+    monkeypatch.setattr(policy, "MAX_ATTEMPTS", 10)
+    (r,) = retry_failed_scheduled_runs(engine)
     row = ledger.get_run(engine, r.run_id)
     assert (row.not_before - row.queued_at).total_seconds() == pytest.approx(1800, abs=1)
+
+
+def test_the_scheduler_cli_adds_lists_and_disables(database_url, monkeypatch):
+    from click.testing import CliRunner
+
+    from scrinalia.cli.main import cli
+    from scrinalia.settings import get_settings
+
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    get_settings.cache_clear()
+    runner = CliRunner()
+    try:
+        added = runner.invoke(cli, ["scheduler", "add", "embedding", "--every", "3600", "--request", '{"db_batch_size": 4}'])
+        assert added.exit_code == 0, added.output
+        listed = runner.invoke(cli, ["scheduler", "list"])
+        assert "embedding" in listed.output and "every 3600s" in listed.output and "enabled" in listed.output
+        schedule_id = listed.output.split("\t", 1)[0]
+        assert runner.invoke(cli, ["scheduler", "disable", schedule_id]).exit_code == 0
+        assert "disabled" in runner.invoke(cli, ["scheduler", "list"]).output
+        bad = runner.invoke(cli, ["scheduler", "add", "embedding", "--every", "10"])
+        assert bad.exit_code == 2 and "at least 60" in bad.output
+        assert runner.invoke(cli, ["scheduler", "disable", "999999"]).exit_code == 2
+    finally:
+        get_settings.cache_clear()

@@ -84,10 +84,6 @@ class WorkerRun:
         m = row._mapping
         return cls(**{f.name: m[f.name] for f in fields(cls)})
 
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
     def to_json(self) -> dict[str, Any]:
         """JSON-safe dict (uuids and datetimes as strings)."""
         out = asdict(self)
