@@ -6,7 +6,6 @@ ChildChannel, for the tests that must act at a precise batch boundary (cancellat
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import uuid
@@ -27,7 +26,7 @@ except ImportError:  # pragma: no cover - depends on the runner's progress
 def insert_docs(engine: Engine, docs: list[dict[str, Any]]) -> list[int]:
     ids = []
     with engine.begin() as conn:
-        for i, doc in enumerate(docs):
+        for doc in docs:
             row = {"reference_code": doc.get("reference_code", f"T/{uuid.uuid4().hex[:10]}"), "title": "",
                    "status": "DRAFT", **doc}
             cols = ", ".join(row)
@@ -106,7 +105,3 @@ def scalar(engine: Engine, sql: str, **params: Any) -> Any:
 def rows(engine: Engine, sql: str, **params: Any) -> list[Any]:
     with engine.connect() as conn:
         return conn.execute(text(sql), params).all()
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value)

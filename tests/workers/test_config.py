@@ -10,6 +10,7 @@ from sqlalchemy import text
 
 from scrinalia.domains.archive.errors import InvalidRunRequest
 from scrinalia.domains.archive.workers import embedding, gpu_probe, ner, quality, typology
+from scrinalia.domains.archive.workers.catalogue import BUILTIN
 from scrinalia.domains.archive.workers.plugins import load_catalogue
 from scrinalia.domains.archive.workers.sdk import (
     InvalidOption,
@@ -35,6 +36,9 @@ def test_the_catalogue_is_found_through_the_entry_points():
     catalogue = load_catalogue()
     assert set(catalogue) >= {"embedding", "ner", "typology", "quality-validator", "cleaning", "gpu-probe"}
     assert catalogue["embedding"] is embedding.SPEC
+    # the built-in list (workers.catalogue) is what pyproject declares, the same objects
+    assert {s.name for s in BUILTIN} == {"embedding", "ner", "typology", "quality-validator", "cleaning", "gpu-probe"}
+    assert all(catalogue[s.name] is s for s in BUILTIN)
     for spec in catalogue.values():
         json.dumps(spec.signature())  # the panel's description is plain JSON
 
@@ -155,6 +159,7 @@ def test_quality_engine_comes_from_the_active_llm_check_rule_at_resolve_time(eng
 def test_describe_config_loads_no_model_and_imports_no_torch():
     code = (
         "import sys, json\n"
+        "import scrinalia.domains.archive.workers.catalogue\n"
         "from scrinalia.domains.archive.workers.plugins import load_catalogue\n"
         "c = load_catalogue()\n"
         "for s in c.values():\n"

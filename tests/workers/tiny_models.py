@@ -4,9 +4,10 @@
   that each word of ``NER_WORDS`` is tagged with its label and every other word is ``O``. The output of
   a zero-layer BERT is LayerNorm(word + position + type embeddings); with the position and type
   embeddings zeroed, each token's logits depend only on the token, so the tags are exact.
-* ``make_nli_model``: a BERT sequence classifier with the labels contradiction / neutral / entailment,
-  whose entailment logit grows with how many words the premise (the title) shares with a keyword list
-  per hypothesis. Built the same way: deterministic, no training.
+* ``make_nli_model``: a BERT sequence classifier with the labels contradiction / neutral / entailment
+  and every weight zero: all logits are 0, so it scores every hypothesis alike (entailment against
+  contradiction is 0.5; a softmax over n labels gives each 1/n). Deterministic, no training.
+  ``NLI_KEYWORDS`` gives the tests typology names (and the vocabulary words); the model ignores them.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ NLI_KEYWORDS = {
 
 
 def make_nli_model(directory: Path) -> Path:
-    """Entailment logit = 6 x (number of premise words in the hypothesis's keyword set)."""
+    """All weights zero: every premise/hypothesis pair gets the same (zero) logits."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -86,7 +87,6 @@ def make_nli_model(directory: Path) -> Path:
         id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
     )
     model = BertForSequenceClassification(config)
-    torch.manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()

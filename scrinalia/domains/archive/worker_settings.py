@@ -36,24 +36,21 @@ def _row_json(row: Any) -> dict[str, Any]:
 _COLUMNS = "worker_name, engine_name, preset, db_batch_size, options, engine_options, revision, updated_at, updated_by"
 
 
-def get_settings(engine_or_conn: Engine | Connection, worker_name: str) -> dict[str, Any] | None:
-    stmt = text(f"SELECT {_COLUMNS} FROM archive_worker_settings WHERE worker_name = :w")
+def _settings_rows(engine_or_conn: Engine | Connection, where: str = "", **params: Any) -> list[Any]:
+    stmt = text(f"SELECT {_COLUMNS} FROM archive_worker_settings {where}")
     if isinstance(engine_or_conn, Engine):
         with engine_or_conn.connect() as conn:
-            row = conn.execute(stmt, {"w": worker_name}).one_or_none()
-    else:
-        row = engine_or_conn.execute(stmt, {"w": worker_name}).one_or_none()
-    return _row_json(row) if row else None
+            return conn.execute(stmt, params).all()
+    return engine_or_conn.execute(stmt, params).all()
+
+
+def get_settings(engine_or_conn: Engine | Connection, worker_name: str) -> dict[str, Any] | None:
+    rows = _settings_rows(engine_or_conn, "WHERE worker_name = :w", w=worker_name)
+    return _row_json(rows[0]) if rows else None
 
 
 def all_settings(engine_or_conn: Engine | Connection) -> dict[str, dict[str, Any]]:
-    stmt = text(f"SELECT {_COLUMNS} FROM archive_worker_settings")
-    if isinstance(engine_or_conn, Engine):
-        with engine_or_conn.connect() as conn:
-            rows = conn.execute(stmt).all()
-    else:
-        rows = engine_or_conn.execute(stmt).all()
-    return {r.worker_name: _row_json(r) for r in rows}
+    return {r.worker_name: _row_json(r) for r in _settings_rows(engine_or_conn)}
 
 
 def _lock_and_current(conn: Connection, worker_name: str) -> tuple[int | None, int]:

@@ -1,4 +1,5 @@
-"""The loop every document worker shares: pending batches (keyset-paged), per-unit errors, tallies."""
+"""The loop every document worker shares: pending batches (keyset-paged), per-unit errors, the fenced
+commit of a batch's stamps and results, tallies."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
@@ -7,7 +8,10 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from scrinalia.domains.archive.workers.sdk import RunContext
-from scrinalia.domains.archive.workers.stamps import StampQueue, error_text
+from scrinalia.domains.archive.workers.stamps import ERROR, StampQueue, error_text
+
+#: (document id, stamp fetched with it, DONE | ERROR, error message or None): ``StampQueue.write_stamps``.
+Stamp = tuple[int, str | None, str, str | None]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -35,6 +39,18 @@ def pending_batches(ctx: RunContext, queue: StampQueue, columns: str,
     ctx.result.setdefault("pending_at_start", ctx.total)
     ctx.report_progress(0, ctx.total)
     yield from ctx.batches(fetch)
+
+
+def commit_batch(ctx: RunContext, queue: StampQueue, units: int, stamps: Sequence[Stamp],
+                 write: Callable[[Connection, set[int]], dict[str, int]], **counters: int) -> None:
+    """Commit one batch in one fenced transaction (``ctx.commit``), then tally it.
+
+    The stamps are written first; ``write(conn, stamped)`` then writes the batch's results for the ids
+    actually stamped (a governed queue skips a document that became HUMAN_APPROVED since the fetch) and
+    returns its counters. The tally adds those, ``counters`` and ``errors`` (the ERROR stamps).
+    """
+    written = ctx.commit(lambda conn: write(conn, queue.write_stamps(conn, ctx.run_id, stamps)))
+    ctx.tally(units, **written, **counters, errors=sum(1 for s in stamps if s[2] == ERROR))
 
 
 class SystematicFailure(RuntimeError):

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, func
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from scrinalia.db.tables import archive_document_embeddings
-from scrinalia.domains.archive.workers.base import pending_batches, per_unit
+from scrinalia.domains.archive.workers.base import commit_batch, pending_batches, per_unit
 from scrinalia.domains.archive.workers.engines.embedding import TRANSFORMERS
 from scrinalia.domains.archive.workers.sdk import RunContext, WorkerSpec
 from scrinalia.domains.archive.workers.stamps import COMPOSED_TEXT_SQL, DONE, ERROR, TEXT_STAMP_SQL, StampQueue
@@ -44,16 +44,13 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 rows.append({"document_id": row.id, "model": embedder.model_name, "dimensions": len(vector),
                              "vector": vector, "text_md5": row.stamp, "run_id": ctx.run_id})
 
-        def write(conn: Connection) -> tuple[int, int]:
-            stamped = QUEUE.write_stamps(conn, ctx.run_id, stamps)
+        def write(conn: Connection, stamped: set[int]) -> dict[str, int]:
             keep = [r for r in rows if r["document_id"] in stamped]
             if keep:
                 conn.execute(UPSERT, keep)
-            return len(keep), len(stamped)
+            return {"embedded": len(keep)}
 
-        embedded, _ = ctx.commit(write)
-        errors = sum(1 for s in stamps if s[2] == ERROR)
-        ctx.tally(len(batch), embedded=embedded, errors=errors, empty=len(batch) - len(todo))
+        commit_batch(ctx, QUEUE, len(batch), stamps, write, empty=len(batch) - len(todo))
     return ctx.result
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from scrinalia.db.tables import ENTITY_LABELS
-from scrinalia.domains.archive.workers.base import pending_batches, per_unit
+from scrinalia.domains.archive.workers.base import commit_batch, pending_batches, per_unit
 from scrinalia.domains.archive.workers.engines.token_classification import TOKEN_CLASSIFICATION
 from scrinalia.domains.archive.workers.sdk import OptionSpec, RunContext, WorkerSpec
 from scrinalia.domains.archive.workers.stamps import COMPOSED_TEXT_SQL, DONE, ERROR, TEXT_STAMP_SQL, StampQueue
@@ -100,15 +100,14 @@ def run(ctx: RunContext) -> dict[str, Any]:
                                           min_length=options["min_length"], labels=labels,
                                           stopwords=stopwords, exclusions=exclusions)
 
-        def write(conn: Connection) -> int:
-            stamped = QUEUE.write_stamps(conn, ctx.run_id, stamps)
+        def write(conn: Connection, stamped: set[int]) -> dict[str, int]:
             docs = [d for d in found if d in stamped]
             if not docs:
-                return 0
+                return {"links": 0}
             conn.execute(_DELETE_LINKS, {"ids": docs})
-            unique = {key: ents[key]["name"] for d in docs for ents in [found[d]] for key in ents}
+            unique = {key: v["name"] for d in docs for key, v in found[d].items()}
             if not unique:
-                return 0
+                return {"links": 0}
             keys = sorted(unique)
             conn.execute(_UPSERT_ENTITIES, {"labels": [k[0] for k in keys], "names": [unique[k] for k in keys],
                                             "norms": [k[1] for k in keys]})
@@ -118,10 +117,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
             conn.execute(_INSERT_LINKS, {"run_id": str(ctx.run_id), "docs": [l[0] for l in links],
                                          "entities": [l[1] for l in links], "scores": [l[2] for l in links],
                                          "mentions": [l[3] for l in links]})
-            return len(links)
+            return {"links": len(links)}
 
-        links = ctx.commit(write)
-        ctx.tally(len(batch), links=links, errors=sum(1 for s in stamps if s[2] == ERROR))
+        commit_batch(ctx, QUEUE, len(batch), stamps, write)
     return ctx.result
 
 

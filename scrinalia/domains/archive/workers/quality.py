@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from scrinalia.domains.archive.workers.base import pending_batches, per_unit
+from scrinalia.domains.archive.workers.base import commit_batch, pending_batches, per_unit
 from scrinalia.domains.archive.workers.engines.nli import nli_engine
 from scrinalia.domains.archive.workers.sdk import OptionSpec, RunContext, WorkerSpec
 from scrinalia.domains.archive.workers.stamps import (
@@ -158,13 +158,13 @@ def run(ctx: RunContext) -> dict[str, Any]:
     if broken:
         ctx.result["broken_rules"] = broken
     threshold = float(ctx.config.engine_options.get("threshold", 0.5)) if model else None
+    field = (rule or {}).get("field") or "title"
+    hypothesis = (rule or {}).get("prompt") or "This description contains an error."
 
     for batch in pending_batches(ctx, QUEUE, COLUMNS):
         model_scores: dict[int, tuple[float | None, str | None]] = {}
         if model is not None:
-            field = rule.get("field") or "title"
             premises = [(row.text if field == "text" else getattr(row, field, None)) or "" for row in batch]
-            hypothesis = rule.get("prompt") or "This description contains an error."
             model_scores = dict(zip((r.id for r in batch),
                                     per_unit(premises, lambda p: model.entailment(p, hypothesis))))
         stamps, updates, reviews = [], [], []
@@ -183,18 +183,16 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 reviews.append({"id": row.id, "reason": "quality: " + ", ".join(sorted({r["code"] for r in reasons})),
                                 "details": {"reasons": reasons}})
 
-        def write(conn: Connection) -> int:
-            stamped = QUEUE.write_stamps(conn, ctx.run_id, stamps)
+        def write(conn: Connection, stamped: set[int]) -> dict[str, int]:
             rows = [u for u in updates if u["id"] in stamped]
             if rows:
                 conn.execute(_UPDATE, {"rows": json.dumps(rows, default=str)})
             flagged = [r for r in reviews if r["id"] in stamped]
             if flagged:
                 conn.execute(_REVIEW, {"run_id": str(ctx.run_id), "rows": json.dumps(flagged, default=str)})
-            return len(flagged)
+            return {"anomalies": len(flagged)}
 
-        flagged = ctx.commit(write)
-        ctx.tally(len(batch), anomalies=flagged, errors=sum(1 for s in stamps if s[2] == ERROR))
+        commit_batch(ctx, QUEUE, len(batch), stamps, write)
     return ctx.result
 
 

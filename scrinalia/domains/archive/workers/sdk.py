@@ -34,6 +34,7 @@ from sqlalchemy.dialects.postgresql import UUID
 
 from scrinalia.domains.archive.errors import InvalidRunRequest
 from scrinalia.domains.archive.ledger import BATCH_SIZE_MAX, BATCH_SIZE_MIN, WorkerRun, validate_request
+from scrinalia.domains.archive.worker_settings import get_settings
 
 T = TypeVar("T")
 
@@ -279,7 +280,6 @@ class PersistedSettings:
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     revision: int | None = None
 
-
     @classmethod
     def from_row(cls, row: Mapping[str, Any] | None) -> PersistedSettings:
         """From an ``archive_worker_settings`` row as a mapping (``worker_settings.all_settings``)."""
@@ -300,13 +300,6 @@ class DatabaseLayer:
     llm_check_rule: Mapping[str, Any] | None = None
 
 
-_SETTINGS = text(
-    """
-    SELECT engine_name, preset, db_batch_size, options, engine_options, revision
-      FROM archive_worker_settings WHERE worker_name = :worker_name
-    """
-)
-
 _LLM_CHECK_RULE = text(
     """
     SELECT id, name, engine_name, engine_options, prompt, field, updated_at
@@ -318,18 +311,7 @@ _LLM_CHECK_RULE = text(
 def load_persisted(engine: Engine | None, worker_name: str) -> PersistedSettings:
     if engine is None:
         return PersistedSettings()
-    with engine.connect() as conn:
-        row = conn.execute(_SETTINGS, {"worker_name": worker_name}).one_or_none()
-    if row is None:
-        return PersistedSettings()
-    return PersistedSettings(
-        engine_name=row.engine_name,
-        preset=row.preset,
-        db_batch_size=row.db_batch_size,
-        options=dict(row.options or {}),
-        engine_options=dict(row.engine_options or {}),
-        revision=row.revision,
-    )
+    return PersistedSettings.from_row(get_settings(engine, worker_name))
 
 
 def active_llm_check_rule(engine: Engine) -> dict[str, Any] | None:
@@ -469,6 +451,18 @@ def _check_refused(values: Mapping[str, Any], prefix: str) -> None:
             raise RefusedOption(f"{prefix}.{key}", "is refused: the run's config is written by the resolver")
 
 
+def _refuse_engine_choice(clean: Mapping[str, Any], engine_why: str, options_why: str) -> None:
+    """For a worker whose engine the request may not choose: refuse ``engine_name``, ``preset`` and any
+    ``engine_options`` (a refused option name first, as everywhere)."""
+    for key in ("engine_name", "preset"):
+        if clean.get(key) is not None:
+            raise UnknownEngine(key, engine_why)
+    engine_options = clean.get("engine_options") or {}
+    _check_refused(engine_options, "engine_options")
+    if engine_options:
+        raise UnknownOption(f"engine_options.{sorted(engine_options)[0]}", options_why)
+
+
 def _merge_engine_options(
     espec: EngineSpec, layers: list[tuple[str, str | None, Mapping[str, Any]]]
 ) -> tuple[dict[str, Any], dict[str, str]]:
@@ -564,23 +558,11 @@ def resolve_config(spec: WorkerSpec, engine: Engine | None, request: Mapping[str
     config: dict[str, Any] = {"engine": None}
 
     if spec.engine_source == "none":
-        for key in ("engine_name", "preset"):
-            if clean.get(key) is not None:
-                raise UnknownEngine(key, f"worker {spec.name!r} uses no engine")
-        _check_refused(clean.get("engine_options") or {}, "engine_options")
-        if clean.get("engine_options"):
-            first = sorted(clean["engine_options"])[0]
-            raise UnknownOption(f"engine_options.{first}", f"worker {spec.name!r} uses no engine")
+        why = f"worker {spec.name!r} uses no engine"
+        _refuse_engine_choice(clean, why, why)
     elif spec.engine_source == "llm_check_rule":
-        for key in ("engine_name", "preset"):
-            if clean.get(key) is not None:
-                raise UnknownEngine(key, f"worker {spec.name!r} takes its engine from the active LLM_CHECK rule")
-        _check_refused(clean.get("engine_options") or {}, "engine_options")
-        if clean.get("engine_options"):
-            first = sorted(clean["engine_options"])[0]
-            raise UnknownOption(
-                f"engine_options.{first}", f"worker {spec.name!r} takes its engine options from the LLM_CHECK rule"
-            )
+        _refuse_engine_choice(clean, f"worker {spec.name!r} takes its engine from the active LLM_CHECK rule",
+                              f"worker {spec.name!r} takes its engine options from the LLM_CHECK rule")
         if layer is not None:
             rule = dict(layer.llm_check_rule) if layer.llm_check_rule is not None else None
         else:

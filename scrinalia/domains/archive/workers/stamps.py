@@ -31,13 +31,11 @@ at write time: a document edited between the fetch and the commit keeps a stale 
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, text
-from sqlalchemy.dialects.postgresql import UUID
+from sqlalchemy import Connection, Engine, text
 
 DONE, ERROR = "DONE", "ERROR"
 ERROR_MESSAGE_MAX = 500
@@ -62,19 +60,9 @@ ANY_ERROR_SQL = (
 CLEANABLE_FIELDS = ("title", "scope_and_content", "admin_biographical_history", "provenance")
 
 
-def field_value_sql(alias: str, rule_alias: str = "r") -> str:
-    whens = " ".join(f"WHEN '{f}' THEN {alias}.{f}" for f in CLEANABLE_FIELDS)
-    return f"(CASE {rule_alias}.field {whens} END)"
-
-
 def rule_signature_sql(rule_alias: str = "r") -> str:
     r = rule_alias
     return f"archive_cleaning_rule_signature({r}.field, {r}.pattern, {r}.replacement)"
-
-
-def rule_stamp_sql(alias: str = "d", rule_alias: str = "r") -> str:
-    """The stamp of one REWRITE rule on one document: its signature and the field's current value."""
-    return f"md5({rule_signature_sql(rule_alias)} || chr(31) || coalesce({field_value_sql(alias, rule_alias)}, ''))"
 
 
 ACTIVE_REWRITE_RULES_SQL = (
@@ -194,18 +182,10 @@ class StampQueue:
         index, failed through ix_documents_stamp_errors (holds only rows with an ERROR stamp), and the
         eligible total through an index-only count.
         """
-        if self.per_rule:
-            failed_cond = f"jsonb_path_exists(d.execution_log, '$.{self.key}.*.status ? (@ == \"ERROR\")')"
-        else:
-            failed_cond = f"(d.execution_log #>> '{{{self.key},status}}') = 'ERROR'"
         eligible = "count(*)" if not self.governed else "count(*) FILTER (WHERE d.status <> 'HUMAN_APPROVED')"
         sql = text(
             f"""
-            SELECT {self.pending_count_sql()} AS pending,
-                   (SELECT count(*) FROM archive_documents AS d
-                     WHERE {ANY_ERROR_SQL.format(a='d')} AND {failed_cond}
-                       {"AND d.status <> 'HUMAN_APPROVED'" if self.governed else ""}
-                       AND NOT ({self.pending('d')})) AS failed,
+            SELECT {self.pending_count_sql()} AS pending, {self.failed_count_sql()} AS failed,
                    (SELECT {eligible} FROM archive_documents AS d) AS eligible
             """
         )
@@ -213,19 +193,20 @@ class StampQueue:
         pending, failed, eligible_n = int(row.pending), int(row.failed), int(row.eligible)
         return {"pending": pending, "failed": failed, "processed": max(0, eligible_n - pending - failed)}
 
-    def count_columns(self, suffix: str | int) -> list[str]:
-        """The pending and failed sub-selects of this queue, for a statement that counts many queues."""
-        pending = self.pending("d")
+    def failed_count_sql(self) -> str:
+        """A scalar SQL expression: the documents whose stamp is ERROR and that are not pending (read
+        through ix_documents_stamp_errors, which holds only rows with an ERROR stamp)."""
         if self.per_rule:
             failed_cond = f"jsonb_path_exists(d.execution_log, '$.{self.key}.*.status ? (@ == \"ERROR\")')"
         else:
             failed_cond = f"(d.execution_log #>> '{{{self.key},status}}') = 'ERROR'"
-        governed = "AND d.status <> 'HUMAN_APPROVED'" if self.governed else ""
-        return [
-            f"{self.pending_count_sql()} AS pending_{suffix}",
-            f"(SELECT count(*) FROM archive_documents AS d WHERE {ANY_ERROR_SQL.format(a='d')} "
-            f"AND {failed_cond} {governed} AND NOT ({pending})) AS failed_{suffix}",
-        ]
+        governed = f"AND {GOVERNED_SQL.format(a='d')}" if self.governed else ""
+        return (f"(SELECT count(*) FROM archive_documents AS d WHERE {ANY_ERROR_SQL.format(a='d')} "
+                f"AND {failed_cond} {governed} AND NOT ({self.pending('d')}))")
+
+    def count_columns(self, suffix: str | int) -> list[str]:
+        """The pending and failed sub-selects of this queue, for a statement that counts many queues."""
+        return [f"{self.pending_count_sql()} AS pending_{suffix}", f"{self.failed_count_sql()} AS failed_{suffix}"]
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -320,13 +301,6 @@ def reset_stamps(engine: Engine, key: str) -> int:
                  f"WHERE {where}"),
             {"key": key},
         ).rowcount
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, default=str, ensure_ascii=False)
-
-
-RUN_ID_PARAM = bindparam("run_id", type_=UUID(as_uuid=True))
 
 
 def catalogue_counts(engine: Engine | Connection, specs: Mapping[str, Any]) -> dict[str, dict[str, int] | None]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from scrinalia.domains.archive.workers.base import pending_batches, per_unit
+from scrinalia.domains.archive.workers.base import commit_batch, pending_batches, per_unit
 from scrinalia.domains.archive.workers.engines.nli import ZERO_SHOT
 from scrinalia.domains.archive.workers.sdk import OptionSpec, RunContext, WorkerSpec
 from scrinalia.domains.archive.workers.stamps import DONE, ERROR, TITLE_STAMP_SQL, StampQueue
@@ -62,8 +62,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 for label, score in select_labels(scores or {}, options["threshold"]).items():
                     links.append((row.id, typologies[label], score))
 
-        def write(conn: Connection) -> int:
-            stamped = QUEUE.write_stamps(conn, ctx.run_id, stamps)
+        def write(conn: Connection, stamped: set[int]) -> dict[str, int]:
             ok = [s[0] for s in stamps if s[0] in stamped and s[2] == DONE]
             if ok:
                 conn.execute(_DELETE, {"ids": ok})
@@ -71,10 +70,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
             if keep:
                 conn.execute(_INSERT, {"run_id": str(ctx.run_id), "docs": [k[0] for k in keep],
                                        "typologies": [k[1] for k in keep], "scores": [k[2] for k in keep]})
-            return len(keep)
+            return {"links": len(keep)}
 
-        linked = ctx.commit(write)
-        ctx.tally(len(batch), links=linked, errors=sum(1 for s in stamps if s[2] == ERROR))
+        commit_batch(ctx, QUEUE, len(batch), stamps, write)
     return ctx.result
 
 

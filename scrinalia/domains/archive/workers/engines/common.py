@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from scrinalia.domains.archive.workers.sdk import OptionSpec, Preset
+from scrinalia.domains.archive.workers.sdk import InvalidOption, OptionSpec, Preset
 
 DEVICE = OptionSpec(
     "str", "auto",
@@ -61,9 +61,13 @@ def describe_device(options: dict[str, Any]) -> dict[str, Any]:
 
 def validate_device(value: str) -> None:
     if value not in ("auto", "cpu", "cuda") and not (value.startswith("cuda:") and value[5:].isdigit()):
-        from scrinalia.domains.archive.workers.sdk import InvalidOption
-
         raise InvalidOption("engine_options.device", f"must be auto, cpu, cuda or cuda:N, got {value!r}")
+
+
+def describe_local_model(options: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """``describe`` of an engine whose ``model`` option is a local directory: the directory, the device."""
+    validate_device(options["device"])
+    return {**describe_model_dir(options.get("model")), **describe_device(options), **extra}
 
 
 # --- load-time helpers (import torch) -------------------------------------------------------------
@@ -94,3 +98,15 @@ def require_model_dir(path: str | None, what: str) -> Path:
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{what}: {directory} is not a local model directory (no config.json)")
     return directory
+
+
+def load_pretrained(model_class: Any, directory: Path, options: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """(tokenizer, model in eval mode on its device, device, dtype) from a local model directory, with
+    the ``device`` and ``dtype`` options. ``model_class``: a transformers Auto class (AutoModel...)."""
+    from transformers import AutoTokenizer
+
+    device = torch_device(options["device"])
+    dtype = torch_dtype(options["dtype"], device)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    model = model_class.from_pretrained(str(directory), dtype=dtype).to(device).eval()
+    return tokenizer, model, device, dtype

@@ -16,10 +16,9 @@ from scrinalia.domains.archive.workers.engines.common import (
     DTYPE,
     describe_device,
     describe_model_dir,
+    load_pretrained,
     model_dir_option,
     require_model_dir,
-    torch_device,
-    torch_dtype,
     validate_device,
 )
 from scrinalia.domains.archive.workers.sdk import EngineSpec, OptionSpec
@@ -39,6 +38,14 @@ def model_label(model: str | None) -> str:
     return DEFAULT_MODEL_NAME if model is None else Path(model).name or str(model)
 
 
+def model_dir(model: str | None) -> str | None:
+    """The directory to load: ``engine_options.model``, else the bundled model's (None if not installed)."""
+    if model is not None:
+        return model
+    bundled = bundled_model_dir()
+    return str(bundled) if bundled else None
+
+
 OPTIONS = {
     "model": model_dir_option("a local sentence-transformers/transformers model directory "
                               "(default: the bundled all-MiniLM-L6-v2)"),
@@ -52,7 +59,7 @@ OPTIONS = {
 def describe(options: dict[str, Any]) -> dict[str, Any]:
     validate_device(options["device"])
     model = options.get("model")
-    directory = model if model is not None else (str(bundled_model_dir()) if bundled_model_dir() else None)
+    directory = model_dir(model)
     out = {"model": model_label(model), **describe_model_dir(directory), **describe_device(options),
            "pooling": "mean", "normalize": True,
            "batch_size": options["batch_size"], "max_length": options["max_length"]}
@@ -66,19 +73,15 @@ class TransformersEmbedder:
 
     def __init__(self, options: dict[str, Any]) -> None:
         import torch
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel
 
         model = options.get("model")
-        directory = require_model_dir(model if model is not None else (
-            str(bundled_model_dir()) if bundled_model_dir() else None), "embedding")
+        directory = require_model_dir(model_dir(model), "embedding")
         self.torch = torch
-        self.device = torch_device(options["device"])
-        self.dtype = torch_dtype(options["dtype"], self.device)
+        self.tokenizer, self.model, self.device, self.dtype = load_pretrained(AutoModel, directory, options)
         self.batch_size = int(options["batch_size"])
         self.max_length = int(options["max_length"])
         self.model_name = model_label(model)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(directory))
-        self.model = AutoModel.from_pretrained(str(directory), dtype=self.dtype).to(self.device).eval()
         self.dimensions = int(self.model.config.hidden_size)
 
     def describe_loaded(self) -> dict[str, Any]:
@@ -101,14 +104,10 @@ class TransformersEmbedder:
         return out
 
 
-def load(options: dict[str, Any]) -> TransformersEmbedder:
-    return TransformersEmbedder(options)
-
-
 TRANSFORMERS = EngineSpec(
     name="transformers",
     description="mean-pooled, normalised sentence embeddings (transformers AutoModel)",
-    load=load,
+    load=TransformersEmbedder,
     describe=describe,
     options=OPTIONS,
     presets=DEVICE_PRESETS,

@@ -13,13 +13,10 @@ from scrinalia.domains.archive.workers.engines.common import (
     DEVICE,
     DEVICE_PRESETS,
     DTYPE,
-    describe_device,
-    describe_model_dir,
+    describe_local_model,
+    load_pretrained,
     model_dir_option,
     require_model_dir,
-    torch_device,
-    torch_dtype,
-    validate_device,
 )
 from scrinalia.domains.archive.workers.sdk import EngineSpec, OptionSpec
 
@@ -32,19 +29,15 @@ OPTIONS = {
 
 
 def describe(options: dict[str, Any]) -> dict[str, Any]:
-    validate_device(options["device"])
-    return {**describe_model_dir(options.get("model")), **describe_device(options), "task": "zero-shot-classification"}
+    return describe_local_model(options, task="zero-shot-classification")
 
 
 class ZeroShotClassifier:
     def __init__(self, options: dict[str, Any]) -> None:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+        from transformers import AutoModelForSequenceClassification, pipeline
 
         directory = require_model_dir(options.get("model"), "nli")
-        device = torch_device(options["device"])
-        dtype = torch_dtype(options["dtype"], device)
-        tokenizer = AutoTokenizer.from_pretrained(str(directory))
-        model = AutoModelForSequenceClassification.from_pretrained(str(directory), dtype=dtype).to(device).eval()
+        tokenizer, model, device, _ = load_pretrained(AutoModelForSequenceClassification, directory, options)
         if not any("entail" in str(label).lower() for label in model.config.id2label.values()):
             raise ValueError(f"{directory} is not an NLI model: no 'entailment' label in {model.config.id2label}")
         self.model_name = directory.name
@@ -68,15 +61,11 @@ class ZeroShotClassifier:
         return [s.get(hypothesis, 0.0) for s in scores]
 
 
-def load(options: dict[str, Any]) -> ZeroShotClassifier:
-    return ZeroShotClassifier(options)
-
-
 def nli_engine(name: str, description: str, extra_options: dict[str, OptionSpec] | None = None) -> EngineSpec:
     return EngineSpec(
         name=name,
         description=description,
-        load=load,
+        load=ZeroShotClassifier,
         describe=describe,
         options={**OPTIONS, **(extra_options or {})},
         presets=DEVICE_PRESETS,

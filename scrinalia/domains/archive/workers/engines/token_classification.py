@@ -7,13 +7,10 @@ from scrinalia.domains.archive.workers.engines.common import (
     DEVICE,
     DEVICE_PRESETS,
     DTYPE,
-    describe_device,
-    describe_model_dir,
+    describe_local_model,
+    load_pretrained,
     model_dir_option,
     require_model_dir,
-    torch_device,
-    torch_dtype,
-    validate_device,
 )
 from scrinalia.domains.archive.workers.sdk import EngineSpec, OptionSpec
 
@@ -38,20 +35,15 @@ OPTIONS = {
 
 
 def describe(options: dict[str, Any]) -> dict[str, Any]:
-    validate_device(options["device"])
-    return {**describe_model_dir(options.get("model")), **describe_device(options),
-            "task": "token-classification", "aggregation": options["aggregation"]}
+    return describe_local_model(options, task="token-classification", aggregation=options["aggregation"])
 
 
 class TokenClassifier:
     def __init__(self, options: dict[str, Any]) -> None:
-        from transformers import AutoModelForTokenClassification, AutoTokenizer, pipeline
+        from transformers import AutoModelForTokenClassification, pipeline
 
         directory = require_model_dir(options.get("model"), "ner")
-        device = torch_device(options["device"])
-        dtype = torch_dtype(options["dtype"], device)
-        tokenizer = AutoTokenizer.from_pretrained(str(directory))
-        model = AutoModelForTokenClassification.from_pretrained(str(directory), dtype=dtype).to(device).eval()
+        tokenizer, model, device, _ = load_pretrained(AutoModelForTokenClassification, directory, options)
         self.model_name = directory.name
         self.batch_size = int(options["batch_size"])
         self.pipe = pipeline("token-classification", model=model, tokenizer=tokenizer, device=device,
@@ -86,14 +78,10 @@ class TokenClassifier:
         return out
 
 
-def load(options: dict[str, Any]) -> TokenClassifier:
-    return TokenClassifier(options)
-
-
 TOKEN_CLASSIFICATION = EngineSpec(
     name="transformers-token-classification",
     description="transformers token classification with entity aggregation, from a local model directory",
-    load=load,
+    load=TokenClassifier,
     describe=describe,
     options=OPTIONS,
     presets=DEVICE_PRESETS,
