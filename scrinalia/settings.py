@@ -119,19 +119,24 @@ class Settings(BaseSettings):
         return self.require_database_url()
 
 
+def settings_error(exc: ValidationError, prefix: str = "") -> SettingsError:
+    """pydantic's error as one line per environment variable (``prefix`` + the field), without values."""
+    lines = []
+    for err in exc.errors(include_input=False, include_url=False):
+        variable = prefix + ".".join(str(p) for p in err["loc"]).upper() if err["loc"] else "settings"
+        message = str(err.get("ctx", {}).get("error") or err["msg"])
+        if message.startswith("Value error, "):
+            message = message[len("Value error, "):]
+        lines.append(message if message.startswith(variable) else f"{variable}: {message}")
+    return SettingsError("; ".join(lines))
+
+
 def load_settings(**overrides) -> Settings:
     """Read the environment; turn pydantic's error into one line per variable, without values."""
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors(include_input=False, include_url=False):
-            variable = ".".join(str(p) for p in err["loc"]).upper() or "settings"
-            message = str(err.get("ctx", {}).get("error") or err["msg"])
-            if message.startswith("Value error, "):
-                message = message[len("Value error, "):]
-            lines.append(message if message.startswith(variable) else f"{variable}: {message}")
-        raise SettingsError("; ".join(lines)) from None
+        raise settings_error(exc) from None
 
 
 @lru_cache(maxsize=1)

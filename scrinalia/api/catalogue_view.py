@@ -195,9 +195,13 @@ class CountsCache:
             self._value, self._as_of, self._computed_at = value, datetime.now(timezone.utc), time.monotonic()
             self._refreshing = False
 
-    def get(self, engine: Engine, catalogue: Catalogue) -> tuple[dict[str, dict[str, int | None]], datetime | None]:
+    def get(self, engine: Engine, catalogue: Catalogue,
+            names: list[str] | None = None) -> tuple[dict[str, dict[str, int | None]], datetime | None]:
+        """The counts of ``names`` (default: the whole catalogue) and when they were computed. Uncached
+        (``max_age`` 0), only those are counted; cached, the whole catalogue is, for the next request."""
+        names = list(catalogue) if names is None else names
         if self.max_age <= 0:
-            return unit_counts(engine, catalogue), datetime.now(timezone.utc)
+            return unit_counts(engine, {n: catalogue[n] for n in names}), datetime.now(timezone.utc)
         with self._lock:
             value, as_of = self._value, self._as_of
             stale = time.monotonic() - self._computed_at > self.max_age
@@ -209,8 +213,8 @@ class CountsCache:
             with self._lock:
                 value, as_of = self._value, self._as_of
             if value is None:
-                return {name: dict(_EMPTY) for name in catalogue}, None
+                return {name: dict(_EMPTY) for name in names}, None
         elif start:
             threading.Thread(target=self._compute, args=(engine, catalogue), daemon=True,
                              name="scrinalia-counts").start()
-        return {name: value.get(name, dict(_EMPTY)) for name in catalogue}, as_of
+        return {name: value.get(name, dict(_EMPTY)) for name in names}, as_of

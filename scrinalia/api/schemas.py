@@ -28,6 +28,12 @@ class ErrorOut(Open):
     fields: dict[str, str] | None = Field(default=None, description="422: a message per offending field")
 
 
+# The answers every /system route may give besides its own: no session, role or CSRF, unknown, invalid.
+SYSTEM_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorOut}, 403: {"model": ErrorOut}, 404: {"model": ErrorOut}, 422: {"model": ErrorOut},
+}
+
+
 # --- identity ---
 
 

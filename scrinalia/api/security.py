@@ -52,18 +52,15 @@ def optional_principal(
     cookie: str | None = Depends(cookie_scheme),
     bearer: HTTPAuthorizationCredentials | None = Depends(bearer_scheme),
 ) -> Principal | None:
-    cached = getattr(request.state, "principal", None)
-    if cached is not None:
-        return cached
+    # Resolved once per request: FastAPI caches a dependency's value for the whole request, also when
+    # both the /system router and the route itself depend on ``system_guard``.
     token, via = (bearer.credentials, "bearer") if bearer is not None else (cookie, "cookie")
     if not token:
         return None
     info = resolve_session(ctx(request).engine, token)
     if info is None:
         return None
-    principal = Principal(info, via)
-    request.state.principal = principal
-    return principal
+    return Principal(info, via)
 
 
 def check_csrf(request: Request, principal: Principal, header: str | None) -> None:

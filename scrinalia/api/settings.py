@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from scrinalia.settings import SettingsError
+from scrinalia.settings import settings_error
 
 
 class ApiSettings(BaseSettings):
@@ -50,8 +50,4 @@ def load_api_settings(**overrides) -> ApiSettings:
     try:
         return ApiSettings(**overrides)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors(include_input=False, include_url=False):
-            variable = "API_" + ".".join(str(p) for p in err["loc"]).upper()
-            lines.append(f"{variable}: {err['msg']}")
-        raise SettingsError("; ".join(lines)) from None
+        raise settings_error(exc, prefix="API_") from None

@@ -54,16 +54,27 @@ def run_json(run: WorkerRun | dict[str, Any] | None) -> dict[str, Any] | None:
     return data
 
 
+_RUN_FIELDS = tuple(RUN_COLUMNS.split(", "))
+
+
 def _normalise_jsonb_run(raw: dict[str, Any] | None) -> dict[str, Any] | None:
     """``to_jsonb(row)`` of a run (from active_and_last_runs) cut down to the WorkerRun fields."""
     if raw is None:
         return None
-    return run_json({name: raw.get(name) for name in ledger.RUN_COLUMNS.split(", ")})
+    return run_json({name: raw.get(name) for name in _RUN_FIELDS})
 
 
 @lru_cache(maxsize=1)
 def schema_head() -> str:
     return migrate.head_revision()
+
+
+@lru_cache(maxsize=1)
+def known_revisions() -> frozenset[str]:
+    """Every revision of the bundled migrations (read once per process)."""
+    from alembic.script import ScriptDirectory
+
+    return frozenset(r.revision for r in ScriptDirectory.from_config(migrate.alembic_config()).walk_revisions())
 
 
 @lru_cache(maxsize=1)
@@ -88,7 +99,7 @@ _RUNNING_PER_RUNNER = text(
 )
 
 
-def _clock(engine: Engine) -> tuple[datetime, str | None]:
+def db_clock(engine: Engine) -> tuple[datetime, str | None]:
     with engine.connect() as conn:
         row = conn.execute(_CLOCK).one()
     return row.db_now, row.revision
@@ -100,7 +111,7 @@ def runners_view(engine: Engine, *, stopped_within_hours: int = 24, db_revision:
     with engine.connect() as conn:
         running = {r.runner_id: int(r.n) for r in conn.execute(_RUNNING_PER_RUNNER).all()}
     if with_clock and db_revision is None:
-        _, db_revision = _clock(engine)
+        _, db_revision = db_clock(engine)
     version = package_version()
     out = []
     for row in rows:
@@ -114,14 +125,19 @@ def runners_view(engine: Engine, *, stopped_within_hours: int = 24, db_revision:
     return out
 
 
-def queued_reason(run: dict[str, Any], worker: str, runners: list[dict[str, Any]], db_now: datetime,
+def _capable(runners: list[dict[str, Any]], worker: str) -> list[dict[str, Any]]:
+    """The online runners that advertise ``worker``."""
+    return [r for r in runners if r["state"] == "online" and worker in r["capabilities"]]
+
+
+def queued_reason(run: dict[str, Any], worker: str, capable: list[dict[str, Any]], db_now: datetime,
                   db_revision: str | None) -> dict[str, Any]:
-    """Why a QUEUED run is not running yet, in the order an operator would check."""
+    """Why a QUEUED run is not running yet, in the order an operator would check.
+    ``capable``: the online runners that advertise the worker (``_capable``)."""
     not_before = run.get("not_before")
     if not_before is not None and datetime.fromisoformat(not_before) > db_now:
         return {"code": "backing_off", "message": f"retry attempt {run.get('attempt')} waits until {not_before}",
                 "not_before": not_before}
-    capable = [r for r in runners if r["state"] == "online" and worker in r["capabilities"]]
     if not capable:
         return {"code": "no_runner", "message": f"no online runner advertises the worker {worker!r}", "not_before": None}
     accepting = [r for r in capable if r["drain_requested_at"] is None]
@@ -147,38 +163,33 @@ def _runner_summary(r: dict[str, Any]) -> dict[str, Any]:
 def workers_view(engine: Engine, catalogue: dict[str, WorkerSpec], names: list[str] | None = None,
                  counts_cache: catalogue_view.CountsCache | None = None) -> dict[str, Any]:
     specs = {n: catalogue[n] for n in (names if names is not None else catalogue)}
-    db_now, db_revision = _clock(engine)
+    db_now, db_revision = db_clock(engine)
     runners = runners_view(engine, db_revision=db_revision, with_clock=False)
     active_last = ledger.active_and_last_runs(engine, list(specs))
     persisted = all_settings(engine)
     layer = catalogue_view.database_layer(engine, specs, persisted)
     if counts_cache is not None:
-        all_counts, counts_as_of = counts_cache.get(engine, catalogue)
-        counts = {n: all_counts.get(n) for n in specs}
+        counts, counts_as_of = counts_cache.get(engine, catalogue, list(specs))
     else:
         counts, counts_as_of = catalogue_view.unit_counts(engine, specs), db_now
     workers = []
     for name, spec in specs.items():
         active_raw, last_raw = active_last.get(name, (None, None))
         active = _normalise_jsonb_run(active_raw)
-        capable = [r for r in runners if r["state"] == "online" and name in r["capabilities"]]
-        entry = {
+        capable = _capable(runners, name)
+        workers.append({
             **catalogue_view.describe(spec),
             "settings": {
-                "persisted": persisted.get(name),
-                "effective": catalogue_view.effective_settings(spec, engine, layer),
+                "persisted": redact(persisted.get(name)),
+                "effective": redact(catalogue_view.effective_settings(spec, engine, layer)),
             },
             "counts": counts.get(name, {"pending": None, "processed": None, "failed": None}),
             "active_run": active,
             "last_run": _normalise_jsonb_run(last_raw),
             "runners": [_runner_summary(r) for r in capable],
-            "queued_reason": (queued_reason(active, name, runners, db_now, db_revision)
+            "queued_reason": (queued_reason(active, name, capable, db_now, db_revision)
                               if active is not None and active["status"] == "QUEUED" else None),
-        }
-        if entry["settings"]["persisted"] is not None:
-            entry["settings"]["persisted"] = redact(entry["settings"]["persisted"])
-        entry["settings"]["effective"] = redact(entry["settings"]["effective"])
-        workers.append(entry)
+        })
     return {
         "db_now": db_now.isoformat(),
         "schema_revision": db_revision,

@@ -95,14 +95,12 @@ def _ensure_database(admin_url: str, name: str) -> str:
 
 def start_embedded_database(data_dir: Path) -> Database:
     """A private PostgreSQL under ``data_dir``: the installed binaries, else the ``pgserver`` wheel."""
-    from scrinalia.db.local_cluster import LocalCluster, LocalClusterError, find_bindir
+    from scrinalia.db.local_cluster import LocalCluster, LocalClusterError, find_bindir, free_port
 
     try:
         find_bindir()
     except LocalClusterError:
         return _start_pgserver(data_dir)
-    from scrinalia.db.local_cluster import free_port
-
     fresh = not (data_dir / "pgdata" / "PG_VERSION").exists()
     cluster = LocalCluster.create(data_dir)
     if cluster.is_running():
@@ -116,7 +114,7 @@ def start_embedded_database(data_dir: Path) -> Database:
         try:
             cluster.start()
         except LocalClusterError as exc:
-            raise DevError(f"the private PostgreSQL did not start: {exc} (log: {data_dir / 'postgres.log'})")
+            raise DevError(f"the private PostgreSQL did not start: {exc} (log: {data_dir / 'postgres.log'})") from None
 
         def stop() -> None:
             cluster.stop("fast")
@@ -148,18 +146,11 @@ def _start_pgserver(data_dir: Path) -> Database:
 
 
 def load_demo(engine: Engine) -> str:
-    """Load the demo collection through the catalogue's loader; say what happened."""
-    try:
-        from scrinalia.domains.archive.demo import load_demo_collection  # type: ignore[import-not-found]
-    except ImportError:
-        try:
-            from scrinalia.domains.archive import load_demo_collection  # type: ignore[attr-defined]
-        except ImportError:
-            return "no demo collection loader is installed (scrinalia.domains.archive.demo): skipped"
-    result = load_demo_collection(engine)
-    if isinstance(result, int):
-        return f"demo collection: {result} new documents" if result else "demo collection already loaded"
-    return f"demo collection: {result}" if result is not None else "demo collection loaded"
+    """Load the demo collection (a second load adds nothing); say what happened."""
+    from scrinalia.domains.archive.demo import load_demo_collection
+
+    added = load_demo_collection(engine)
+    return f"demo collection: {added} new documents" if added else "demo collection already loaded"
 
 
 @dataclass

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 import click
+from sqlalchemy import Engine
 
 from scrinalia.db.engine import app_engine
 from scrinalia.domains.identity import users as identity_users
 from scrinalia.domains.identity.errors import InvalidUserInput, UserExists, UserNotFound
 from scrinalia.settings import get_settings
+
+T = TypeVar("T")
 
 
 def _engine():
@@ -35,9 +40,20 @@ def _read_password(password_stdin: bool) -> str:
     return click.prompt("Password", hide_input=True, confirmation_prompt=True)
 
 
-def _fail(exc: Exception, code: int = 1) -> None:
+def _fail(exc: Exception, code: int = 1) -> NoReturn:
     click.echo(f"error: {exc}", err=True)
     sys.exit(code)
+
+
+def _with_engine(action: Callable[[Engine], T], *expected: type[Exception]) -> T:
+    """``action`` on a fresh engine, disposed after; an ``expected`` error is one line and exit 1."""
+    engine = _engine()
+    try:
+        return action(engine)
+    except expected as exc:
+        _fail(exc)
+    finally:
+        engine.dispose()
 
 
 @click.group("users")
@@ -55,14 +71,10 @@ def command() -> None:
 def create(email: str, role: str, password_stdin: bool, must_change_password: bool) -> None:
     """Create a user."""
     password = _read_password(password_stdin)
-    engine = _engine()
-    try:
-        user = identity_users.create_user(engine, email, password, role, must_change_password=must_change_password,
-                                          min_length=_min_length())
-    except (InvalidUserInput, UserExists) as exc:
-        _fail(exc)
-    finally:
-        engine.dispose()
+    min_length = _min_length()
+    user = _with_engine(lambda engine: identity_users.create_user(
+        engine, email, password, role, must_change_password=must_change_password, min_length=min_length,
+    ), InvalidUserInput, UserExists)
     click.echo(f"created {user.email} ({user.role})")
 
 
@@ -70,11 +82,7 @@ def create(email: str, role: str, password_stdin: bool, must_change_password: bo
 @click.option("--json", "as_json", is_flag=True, help="One JSON array, for scripts")
 def list_(as_json: bool) -> None:
     """List users (never their password hashes)."""
-    engine = _engine()
-    try:
-        users = identity_users.list_users(engine)
-    finally:
-        engine.dispose()
+    users = _with_engine(identity_users.list_users)
     if as_json:
         click.echo(json.dumps([u.to_json() for u in users], indent=2))
         return
@@ -95,13 +103,7 @@ def list_(as_json: bool) -> None:
 @click.argument("role", type=click.Choice(["ADMIN", "CURATOR", "VIEWER"], case_sensitive=False))
 def set_role(email: str, role: str) -> None:
     """Change a user's role."""
-    engine = _engine()
-    try:
-        user = identity_users.set_role(engine, email, role)
-    except (InvalidUserInput, UserNotFound) as exc:
-        _fail(exc)
-    finally:
-        engine.dispose()
+    user = _with_engine(lambda engine: identity_users.set_role(engine, email, role), InvalidUserInput, UserNotFound)
     click.echo(f"{user.email} is now {user.role}")
 
 
@@ -113,14 +115,10 @@ def set_role(email: str, role: str) -> None:
 def reset_password(email: str, password_stdin: bool, must_change_password: bool) -> None:
     """Set a new password, clear the lockout and revoke every session of the user."""
     password = _read_password(password_stdin)
-    engine = _engine()
-    try:
-        user = identity_users.reset_password(engine, email, password, must_change_password=must_change_password,
-                                             min_length=_min_length())
-    except (InvalidUserInput, UserNotFound) as exc:
-        _fail(exc)
-    finally:
-        engine.dispose()
+    min_length = _min_length()
+    user = _with_engine(lambda engine: identity_users.reset_password(
+        engine, email, password, must_change_password=must_change_password, min_length=min_length,
+    ), InvalidUserInput, UserNotFound)
     click.echo(f"password of {user.email} reset; sessions revoked"
                + ("; it must be changed at the next login" if must_change_password else ""))
 
@@ -129,13 +127,7 @@ def reset_password(email: str, password_stdin: bool, must_change_password: bool)
 @click.argument("email")
 def deactivate(email: str) -> None:
     """Deactivate a user and revoke their sessions (the row and its history stay)."""
-    engine = _engine()
-    try:
-        user = identity_users.deactivate(engine, email)
-    except UserNotFound as exc:
-        _fail(exc)
-    finally:
-        engine.dispose()
+    user = _with_engine(lambda engine: identity_users.deactivate(engine, email), UserNotFound)
     click.echo(f"{user.email} deactivated; sessions revoked")
 
 
@@ -143,11 +135,5 @@ def deactivate(email: str) -> None:
 @click.argument("email")
 def activate(email: str) -> None:
     """Re-activate a deactivated user."""
-    engine = _engine()
-    try:
-        user = identity_users.activate(engine, email)
-    except UserNotFound as exc:
-        _fail(exc)
-    finally:
-        engine.dispose()
+    user = _with_engine(lambda engine: identity_users.activate(engine, email), UserNotFound)
     click.echo(f"{user.email} activated")

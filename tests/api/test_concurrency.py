@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
+from scrinalia.cli.dev import wait_http
 from scrinalia.db.local_cluster import free_port
 from tests.api.conftest import PASSWORD, add_user
 
@@ -36,17 +36,9 @@ def live_api(database_url):
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
+    if not wait_http(f"{base}/healthz", 60, alive=lambda: proc.poll() is None):
         if proc.poll() is not None:
             raise RuntimeError(proc.stdout.read().decode(errors="replace"))
-        time.sleep(0.2)
-    else:
         proc.terminate()
         raise RuntimeError("the API did not start")
     try:

@@ -46,7 +46,7 @@ def test_anonymous_gets_401_on_every_system_route(client, app):
 def test_a_bad_or_revoked_token_is_anonymous(client, app, engine, viewer_headers):
     r = client.get(f"{SYSTEM_PREFIX}/workers", headers={"Authorization": "Bearer not-a-token"})
     assert r.status_code == 401
-    client.post("/api/v1/auth/logout", headers=viewer_headers)
+    assert client.post("/api/v1/auth/logout", headers=viewer_headers).status_code == 204
     r = client.get(f"{SYSTEM_PREFIX}/workers", headers=viewer_headers)
     assert r.status_code == 401
 

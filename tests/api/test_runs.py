@@ -106,7 +106,7 @@ def _finished_run(engine, worker, status="FAILED", error=None, trigger="API", re
 
 
 def test_the_runs_list_filters_and_pages_by_keyset(client, admin_headers, engine):
-    for i in range(5):
+    for _ in range(5):
         _finished_run(engine, "alpha", "SUCCESS")
     for i in range(3):
         _finished_run(engine, "beta", "FAILED", error=f"ValueError: bad row {i} in /tmp/file{i}.csv")

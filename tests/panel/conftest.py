@@ -12,22 +12,16 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
 
+from scrinalia.cli.dev import wait_http
+from scrinalia.db.local_cluster import free_port
+from tests.conftest import _fresh_database
 from tests.panel.helpers import ADMIN, ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, PLUGINS, REPO, VIEWER, shot
-
-
-def free_port() -> int:
-    from scrinalia.db.local_cluster import free_port as _free
-
-    return _free()
 
 
 def _env(database_url: str, **extra: str) -> dict[str, str]:
@@ -126,14 +120,7 @@ class RunnerControl:
 @pytest.fixture(scope="module")
 def panel_database_url(pg_admin_url: str, admin_engine: Engine, template_database: str) -> Iterator[str]:
     """One database for a test module (its processes outlive a single test)."""
-    name = f"scrinalia_panel_{uuid.uuid4().hex[:10]}"
-    with admin_engine.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"'))
-    try:
-        yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin_engine.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    yield from _fresh_database(pg_admin_url, admin_engine, template_database)
 
 
 @pytest.fixture(scope="module")
@@ -161,18 +148,10 @@ def live_api(panel_database_url: str, panel_users) -> Iterator[str]:
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     proc = Proc("api", argv, _env(panel_database_url))
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        if not proc.alive():
-            raise AssertionError(f"the API exited:\n{proc.tail()}")
-        try:
-            with urllib.request.urlopen(f"{base}/healthz", timeout=2):
-                break
-        except Exception:  # noqa: BLE001 - not up yet
-            if time.monotonic() > deadline:
-                proc.stop()
-                raise AssertionError(f"the API did not answer within 60 s:\n{proc.tail()}")
-            time.sleep(0.2)
+    if not wait_http(f"{base}/healthz", 60, alive=proc.alive):
+        what = "did not answer within 60 s" if proc.alive() else "exited"
+        proc.stop()
+        raise AssertionError(f"the API {what}:\n{proc.tail()}")
     yield base
     proc.stop()
 

@@ -28,6 +28,17 @@ def _user_out(user) -> dict[str, Any]:
     return {k: data[k] for k in ("id", "email", "role", "is_active", "must_change_password", "last_login_at", "created_at")}
 
 
+def _session_out(user, csrf_token: str, expires_at, token: str | None = None) -> dict[str, Any]:
+    """The answer of the login and of /auth/me (``SessionOut``)."""
+    return {
+        "user": _user_out(user),
+        "csrf_token": csrf_token,
+        "expires_at": expires_at.isoformat(),
+        "must_change_password": user.must_change_password,
+        "token": token,
+    }
+
+
 @router.post(
     "/login",
     response_model=SessionOut,
@@ -55,16 +66,8 @@ def login(body: LoginIn, request: Request, response: Response) -> dict[str, Any]
         user_agent=request.headers.get("user-agent"),
     )
     log.info("login: user %s (address %s)", user.id, address)
-    out = {
-        "user": _user_out(user),
-        "csrf_token": session.csrf_token,
-        "expires_at": session.expires_at.isoformat(),
-        "must_change_password": user.must_change_password,
-        "token": None,
-    }
-    if body.issue_token:
-        out["token"] = session.token
-    else:
+    out = _session_out(user, session.csrf_token, session.expires_at, session.token if body.issue_token else None)
+    if not body.issue_token:
         response.set_cookie(
             COOKIE_NAME, session.token, max_age=int(c.api.session_hours * 3600), path="/",
             secure=c.api.cookie_secure, httponly=True, samesite=c.api.cookie_samesite,
@@ -88,13 +91,7 @@ def logout(request: Request, principal: Principal = Depends(session_principal)) 
             summary="The session's user, its CSRF token and expiry")
 def me(response: Response, principal: Principal = Depends(session_principal)) -> dict[str, Any]:
     response.headers["Cache-Control"] = "no-store"
-    return {
-        "user": _user_out(principal.user),
-        "csrf_token": principal.session.csrf_token,
-        "expires_at": principal.session.expires_at.isoformat(),
-        "must_change_password": principal.user.must_change_password,
-        "token": None,
-    }
+    return _session_out(principal.user, principal.session.csrf_token, principal.session.expires_at)
 
 
 @router.post("/change-password", status_code=204,

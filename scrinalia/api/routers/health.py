@@ -19,7 +19,7 @@ router = APIRouter(tags=["health"])
 def health(request: Request) -> JSONResponse:
     version = views.package_version()
     try:
-        _, revision = views._clock(ctx(request).engine)
+        _, revision = views.db_clock(ctx(request).engine)
     except Exception as exc:  # noqa: BLE001 - the class only: a driver message may name the host
         log.warning("healthz: database unreachable (%s)", type(exc).__name__)
         body = {"status": "degraded", "database": "unreachable", "schema": "unknown", "version": version}
@@ -29,15 +29,9 @@ def health(request: Request) -> JSONResponse:
     elif revision is None:
         schema = "behind"
     else:
-        from scrinalia.db import migrate
-
         try:
-            from alembic.script import ScriptDirectory
-
-            script = ScriptDirectory.from_config(migrate.alembic_config())
-            known = {r.revision for r in script.walk_revisions()}
-            schema = "behind" if revision in known else "ahead_or_unknown"
-        except Exception:  # noqa: BLE001
+            schema = "behind" if revision in views.known_revisions() else "ahead_or_unknown"
+        except Exception:  # noqa: BLE001 - the migrations cannot be read: the database's revision is unknown
             schema = "ahead_or_unknown"
     status = "ok" if schema == "current" else "degraded"
     body = {"status": status, "database": "ok", "schema": schema, "version": version}

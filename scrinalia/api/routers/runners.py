@@ -11,13 +11,13 @@ from fastapi.responses import JSONResponse
 from scrinalia.api import views
 from scrinalia.api.context import ctx
 from scrinalia.api.errors import ApiError, field_errors, not_found
-from scrinalia.api.schemas import ErrorOut, FailuresOut, RunnerOut, RunnersOut
+from scrinalia.api.schemas import SYSTEM_ERRORS, ErrorOut, FailuresOut, RunnerOut, RunnersOut
 from scrinalia.api.security import Principal, system_guard
 from scrinalia.domains.archive import registry
 
 log = logging.getLogger("scrinalia.api.runners")
 router = APIRouter(tags=["runners"])
-_ERR = {401: {"model": ErrorOut}, 403: {"model": ErrorOut}, 404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+_ERR = SYSTEM_ERRORS
 
 
 @router.get("/runners", response_model=RunnersOut, responses=_ERR,

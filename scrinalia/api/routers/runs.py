@@ -11,14 +11,14 @@ from fastapi.responses import JSONResponse
 from scrinalia.api import views
 from scrinalia.api.context import ctx
 from scrinalia.api.errors import ApiError, field_errors, not_found
-from scrinalia.api.schemas import CancelOut, ErrorOut, RunDetailOut, RunPageOut, RunStatus, RunTrigger
+from scrinalia.api.schemas import SYSTEM_ERRORS, CancelOut, ErrorOut, RunDetailOut, RunPageOut, RunStatus, RunTrigger
 from scrinalia.api.security import Principal, system_guard
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.errors import RunAlreadyFinished, RunNotFound
 
 log = logging.getLogger("scrinalia.api.runs")
 router = APIRouter(prefix="/runs", tags=["runs"])
-_ERR = {401: {"model": ErrorOut}, 403: {"model": ErrorOut}, 404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+_ERR = SYSTEM_ERRORS
 
 
 @router.get("", response_model=RunPageOut, responses=_ERR, summary="Runs, newest first, filtered; keyset pagination")

@@ -10,14 +10,14 @@ from fastapi import APIRouter, Depends, Request, Response
 from scrinalia.api import catalogue_view
 from scrinalia.api.context import ctx
 from scrinalia.api.errors import field_errors, not_found
-from scrinalia.api.schemas import ErrorOut, ScheduleEnabledIn, ScheduleIn, ScheduleOut, SchedulesOut
+from scrinalia.api.schemas import SYSTEM_ERRORS, ScheduleEnabledIn, ScheduleIn, ScheduleOut, SchedulesOut
 from scrinalia.api.security import Principal, system_guard
 from scrinalia.domains.archive.errors import InvalidRunRequest
 from scrinalia.scheduler import schedules
 
 log = logging.getLogger("scrinalia.api.schedules")
 router = APIRouter(prefix="/schedules", tags=["schedules"])
-_ERR = {401: {"model": ErrorOut}, 403: {"model": ErrorOut}, 404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+_ERR = SYSTEM_ERRORS
 
 
 def _out(schedule: schedules.Schedule) -> dict[str, Any]:

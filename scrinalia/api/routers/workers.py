@@ -11,7 +11,8 @@ from scrinalia.api import catalogue_view, views
 from scrinalia.api.context import ctx
 from scrinalia.api.errors import ApiError, field_errors, not_found
 from scrinalia.api.schemas import (
-    ErrorOut, RevisionsOut, RunConflictOut, RunOut, RunRequestIn, SettingsIn, SettingsOut, WorkerOut, WorkersOut,
+    SYSTEM_ERRORS, ErrorOut, RevisionsOut, RunConflictOut, RunOut, RunRequestIn, SettingsIn, SettingsOut, WorkerOut,
+    WorkersOut,
 )
 from scrinalia.api.security import Principal, system_guard
 from scrinalia.domains.archive import ledger
@@ -25,7 +26,7 @@ log = logging.getLogger("scrinalia.api.workers")
 router = APIRouter(prefix="/workers", tags=["workers"])
 
 WorkerName = Path(min_length=1, max_length=100, description="A worker of the catalogue")
-_ERR = {401: {"model": ErrorOut}, 403: {"model": ErrorOut}, 404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+_ERR = SYSTEM_ERRORS
 
 
 def _spec(request: Request, name: str) -> WorkerSpec:
@@ -37,6 +38,15 @@ def _spec(request: Request, name: str) -> WorkerSpec:
 
 def _request_dict(body: RunRequestIn) -> dict[str, Any]:
     return body.model_dump(exclude_unset=True, exclude={"expected_revision"})
+
+
+def _settings_out(name: str, spec: WorkerSpec, engine, persisted: dict[str, Any] | None) -> dict[str, Any]:
+    """``SettingsOut``: the persisted row and what a run would use now, secret-looking values masked."""
+    return {
+        "worker": name,
+        "persisted": views.redact(persisted) if persisted else None,
+        "effective": views.redact(catalogue_view.effective_settings(spec, engine)),
+    }
 
 
 @router.get("", response_model=WorkersOut, summary="Every worker: settings, counts, active and last run, runners, queued reason")
@@ -82,12 +92,7 @@ def enqueue_run(request: Request, body: RunRequestIn | None = None, name: str = 
 def read_settings(request: Request, name: str = WorkerName) -> dict[str, Any]:
     c = ctx(request)
     spec = _spec(request, name)
-    persisted = get_settings(c.engine, name)
-    return {
-        "worker": name,
-        "persisted": views.redact(persisted) if persisted else None,
-        "effective": views.redact(catalogue_view.effective_settings(spec, c.engine)),
-    }
+    return _settings_out(name, spec, c.engine, get_settings(c.engine, name))
 
 
 @router.put("/{name}/settings", response_model=SettingsOut,
@@ -107,8 +112,7 @@ def write_settings(body: SettingsIn, request: Request, name: str = WorkerName,
     except SettingsRevisionConflict as exc:
         raise ApiError(409, "revision_conflict", str(exc), revision=exc.actual) from None
     log.info("settings of %s replaced at revision %s (user %s)", name, stored["revision"], principal.user.id)
-    return {"worker": name, "persisted": views.redact(stored),
-            "effective": views.redact(catalogue_view.effective_settings(spec, c.engine))}
+    return _settings_out(name, spec, c.engine, stored)
 
 
 @router.delete("/{name}/settings", response_model=SettingsOut,
@@ -126,7 +130,7 @@ def remove_settings(request: Request, name: str = WorkerName,
     if revision is None:
         raise not_found(f"persisted settings of worker {name!r}")
     log.info("settings of %s removed at revision %s (user %s)", name, revision, principal.user.id)
-    return {"worker": name, "persisted": None, "effective": catalogue_view.effective_settings(spec, c.engine)}
+    return _settings_out(name, spec, c.engine, None)
 
 
 @router.get("/{name}/settings/revisions", response_model=RevisionsOut, responses=_ERR,

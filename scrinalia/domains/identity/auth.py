@@ -19,7 +19,14 @@ from scrinalia.domains.identity.passwords import (
     needs_rehash,
     verify_password,
 )
-from scrinalia.domains.identity.users import USER_COLUMNS, User, _user, normalize_email, set_password
+from scrinalia.domains.identity.users import (
+    USER_COLUMNS,
+    User,
+    _password_hash_for,
+    _user,
+    normalize_email,
+    set_password,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +119,7 @@ def change_password(
     hasher: PasswordHasher | None = None,
 ) -> None:
     """The user's own change: the current password must verify; other sessions are revoked."""
-    with engine.connect() as conn:
-        current_hash = conn.execute(
-            text("SELECT password_hash FROM auth_users WHERE id = :id"), {"id": user.id}
-        ).scalar()
+    current_hash = _password_hash_for(engine, user.id)
     if current_hash is None or not verify_password(current_hash, current_password, hasher):
         raise InvalidUserInput("current_password", "is not the current password")
     check_password_policy(new_password, min_length=min_length, email=user.email, field="new_password")

@@ -1,7 +1,8 @@
 """Users: create, find, list, change role, reset and change passwords, deactivate.
 
 Emails are stored lower-cased and unique (``uq_auth_users_email`` on lower(email)). A ``User`` never
-carries the password hash: only ``_password_hash_for`` reads it, for the login.
+carries the password hash: only the login (``auth.authenticate``) and ``_password_hash_for`` (the
+password change) read it.
 """
 from __future__ import annotations
 
@@ -35,10 +36,6 @@ class User:
     locked_until: datetime | None
     last_login_at: datetime | None
     created_at: datetime
-
-    @property
-    def is_admin(self) -> bool:
-        return self.role == "ADMIN"
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -210,5 +207,6 @@ def set_password(
 
 
 def _password_hash_for(engine: Engine, user_id: int) -> str | None:
+    """The stored hash, for ``auth.change_password`` to check the current password."""
     with engine.connect() as conn:
         return conn.execute(text("SELECT password_hash FROM auth_users WHERE id = :id"), {"id": user_id}).scalar()
