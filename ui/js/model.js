@@ -170,24 +170,18 @@ export function etaText(run) {
   return ms === null ? null : `about ${duration(ms)} left`;
 }
 
-/** Why a QUEUED run is not running, as one sentence (the API gives a code and/or a message). */
+/** Why a QUEUED run is not running, as one sentence: the API's `queued_reason` {code, message}. */
 export function queuedReasonText(reason) {
   if (!reason) return null;
-  if (typeof reason === 'string') return REASONS[reason] || reason;
-  const code = reason.code || reason.reason;
-  const text = reason.message || reason.detail || REASONS[code] || code;
-  if (code === 'backoff' && reason.not_before) return `${text} (until ${new Date(reason.not_before).toLocaleTimeString()})`;
-  return text;
+  return reason.message || REASONS[reason.code] || reason.code;
 }
 
+/** The API's codes (scrinalia/api/views.py, queued_reason), for an answer without a message. */
 const REASONS = {
+  backing_off: 'Backing off before a retry.',
   no_runner: 'No online runner advertises this worker.',
-  'no-runner': 'No online runner advertises this worker.',
-  runners_busy: 'Every capable runner is busy.',
-  'runners-busy': 'Every capable runner is busy.',
-  busy: 'Every capable runner is busy.',
-  backoff: 'Backing off before a retry.',
+  draining: 'Every capable runner is draining.',
   schema_behind: "The capable runners' schema is behind the database.",
-  'schema-behind': "The capable runners' schema is behind the database.",
-  waiting: 'Waiting for a runner to claim it.',
+  runners_busy: 'Every capable runner is busy.',
+  waiting_for_claim: 'Waiting for a runner to claim it.',
 };
