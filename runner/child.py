@@ -32,13 +32,13 @@ import time
 import traceback
 from typing import Any, NoReturn
 
-from runner import wire
+from runner import procinfo, wire
+from runner.outcome import ERROR_MAX
 
 PR_SET_PDEATHSIG = 1
 EXIT_STOPPED = 75    # the parent said "stop" (record_start touched no row): nothing was written
 EXIT_ORPHANED = 76   # the parent was already gone at start, or went away
 EXIT_INTERNAL = 70   # the child's own machinery failed
-ERROR_MAX = 2000
 PROGRESS_INTERVAL = 0.1
 CHILD_OOM_SCORE_ADJ = 500
 
@@ -98,15 +98,6 @@ def preload_modules(names: tuple[str, ...] | list[str]) -> list[str]:
     return loaded
 
 
-def _set_title(title: str) -> None:
-    try:
-        import setproctitle
-
-        setproctitle.setproctitle(title)
-    except ImportError:
-        pass
-
-
 # --- the link to the parent (the SDK's ChildChannel) ------------------------------------------------
 
 
@@ -141,7 +132,7 @@ class ParentLink:
             self.retitle()
 
     def retitle(self, phase: str | None = None) -> None:
-        _set_title(f"scrinalia-runner: run {self.short_id} {self.worker} {phase or self._progress_text()}")
+        procinfo.set_title(f"scrinalia-runner: run {self.short_id} {self.worker} {phase or self._progress_text()}")
 
     def _progress_text(self) -> str:
         p = self.progress or {}
@@ -267,8 +258,6 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     link = ParentLink(channel, run)
     link.retitle("starting")
 
-    from sqlalchemy.exc import SQLAlchemyError
-
     from scrinalia.db.engine import create_engine_from_url
     from scrinalia.domains.archive.workers.sdk import LeaseLost, RunCancelled, RunContext
 
@@ -323,9 +312,7 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
             result = {**ctx.result, "done": ctx.done, "cancelled": str(exc) or "at a batch boundary"}
         except LeaseLost as exc:
             status, error = "LEASE_LOST", format_error(exc)
-        except SQLAlchemyError as exc:
-            status, error, result = "FAILED", format_error(exc), dict(ctx.result) or None
-        except BaseException as exc:  # KeyboardInterrupt and SystemExit too: the run failed
+        except BaseException as exc:  # a database error, KeyboardInterrupt, SystemExit too: the run failed
             status, error, result = "FAILED", format_error(exc), dict(ctx.result) or None
     link.send(
         "result",

@@ -313,8 +313,6 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
         request["db_batch_size"] = db_batch_size
     if options:
         request["options"] = options
-    if lease <= heartbeat:
-        raise click.UsageError(f"--lease ({lease:g} s) must exceed --heartbeat ({heartbeat:g} s)")
     settings, url = _parent_settings()
 
     from sqlalchemy.exc import SQLAlchemyError

@@ -27,10 +27,6 @@ class GpuProbe:
             log.debug("NVML unavailable: %s", type(exc).__name__)
             self._nvml = None
 
-    @property
-    def available(self) -> bool:
-        return self._nvml is not None
-
     def devices(self) -> list[dict[str, Any]]:
         """[{index, name, uuid, memory_total_bytes, driver}] for the registry row."""
         nvml = self._nvml

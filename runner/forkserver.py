@@ -16,7 +16,7 @@ Protocol (one ``SOCK_SEQPACKET`` socketpair, pickled tuples, one message per pac
     supervisor -> server   ("spawn", token)  + SCM_RIGHTS [channel_fd, output_fd]
     server -> supervisor   ("ready", info)   once, after preloading
                            ("spawned", token, pid)
-                           ("exited", pid, wait_status, peak_rss_bytes, cpu_seconds)
+                           ("exited", ChildExit)  (the wait status decoded, the kernel's rusage)
 
 The fork server reaps its children (SIGCHLD through a wakeup pipe) and reports each exit with the
 kernel's resource usage. It dies with the supervisor (PR_SET_PDEATHSIG), and its children die with it.
@@ -35,6 +35,7 @@ import sys
 import time
 from typing import Any
 
+from runner import procinfo
 from runner.launchers import ChildExit
 
 log = logging.getLogger("scrinalia.runner.forkserver")
@@ -75,12 +76,7 @@ def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title:
 
     torch = sys.modules.get("torch")
     cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
-    try:
-        import setproctitle
-
-        setproctitle.setproctitle(title)
-    except ImportError:
-        pass
+    procinfo.set_title(title)
 
     server_pid = os.getpid()
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -121,8 +117,7 @@ def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title:
                 break
             if pid == 0:
                 break
-            ex = ChildExit.from_wait(pid, status, rusage)
-            send("exited", pid, status, ex.peak_rss_bytes, ex.cpu_seconds)
+            send("exited", ChildExit.from_wait(pid, status, rusage))
         if link in readable:
             try:
                 data, fds, _flags, _addr = socket.recv_fds(link, MAX_PACKET, 4)
@@ -222,26 +217,27 @@ class ForkServerLauncher:
             readable, _, _ = select.select([self.link], [], [], remaining)
             if not readable:
                 return None
-            try:
-                data = self.link.recv(MAX_PACKET)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                self._dead = True
-                return None
-            return pickle.loads(data)
+            message = self._read_message()
+            if message is not None or self._dead:
+                return message
+
+    def _read_message(self) -> tuple | None:
+        """One message from the link, or None: nothing there yet, or the server is gone (``_dead``)."""
+        assert self.link is not None
+        try:
+            data = self.link.recv(MAX_PACKET)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        if not data:
+            self._dead = True
+            return None
+        return pickle.loads(data)
 
     def _handle(self, message: tuple) -> None:
         if message[0] == "exited":
-            _, pid, status, peak, cpu = message
-            code = sig = None
-            if os.WIFSIGNALED(status):
-                sig = os.WTERMSIG(status)
-            else:
-                code = os.waitstatus_to_exitcode(status)
-            self._exits.append(ChildExit(pid, code, sig, peak, cpu))
+            self._exits.append(message[1])
 
     def spawn(self, channel_fd: int, output_fd: int) -> int:
         if self.link is None or self._dead:
@@ -267,16 +263,10 @@ class ForkServerLauncher:
 
     def collect_exits(self) -> list[ChildExit]:
         while self.link is not None and not self._dead:
-            try:
-                data = self.link.recv(MAX_PACKET)
-            except BlockingIOError:
+            message = self._read_message()
+            if message is None:
                 break
-            except OSError:
-                data = b""
-            if not data:
-                self._dead = True
-                break
-            self._handle(pickle.loads(data))
+            self._handle(message)
         exits, self._exits = self._exits, []
         return exits
 

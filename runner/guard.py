@@ -35,7 +35,7 @@ class _Guard(importlib.abc.MetaPathFinder):
 
 def forbid_heavy_imports(names: tuple[str, ...] = FORBIDDEN) -> None:
     """Install the hook (idempotent). Raises if one of ``names`` is already imported."""
-    already = sorted(n for n in names if n in sys.modules)
+    already = heavy_modules_loaded(names)
     if already:
         raise HeavyImportForbidden(f"already imported in the supervisor: {', '.join(already)}")
     if not any(isinstance(f, _Guard) for f in sys.meta_path):

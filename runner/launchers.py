@@ -57,6 +57,7 @@ def signal_name(sig: int) -> str:
 
 class Launcher(Protocol):
     name: str
+    child_preload: tuple[str, ...]  # what a child imports itself before it runs (the assignment's "preload")
 
     def start(self) -> None: ...
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 # Exit codes of `scrinalia-runner daemon` and `scrinalia-runner run` (docs/operations.md, "Runner").
@@ -38,7 +38,6 @@ class RunnerOptions:
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     start_method: str = "forkserver"
     socket_path: Path | None = None
-    extra: dict = field(default_factory=dict)
 
     def validate(self) -> "RunnerOptions":
         if not self.name or not self.name.strip():
@@ -73,10 +72,6 @@ class RunnerOptions:
         retried before, and the children are dead before another runner may expire their rows.
         """
         return min(self.heartbeat_seconds, self.lease_seconds - self.heartbeat_seconds) / 2
-
-    def with_(self, **changes) -> "RunnerOptions":
-        return replace(self, **changes)
-
 
 def parse_list(value: str | None) -> tuple[str, ...]:
     """'a, b,,c' -> ('a', 'b', 'c'); 'none' or '' -> ()."""

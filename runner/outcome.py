@@ -13,7 +13,7 @@ from typing import Any
 
 from runner.launchers import ChildExit, signal_name
 
-ERROR_MAX = 2000
+from scrinalia.db.tables import ERROR_MAX  # the ledger's limit on a run's error (a CHECK constraint)
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""What /proc and the cgroup say about a process: RSS, peak RSS, liveness, OOM kills."""
+"""What /proc and the cgroup say about a process (RSS, peak RSS, liveness, OOM kills), and its title."""
 from __future__ import annotations
 
 import os
@@ -101,3 +101,14 @@ def kill_group(pid: int, sig: int) -> bool:
             return False
     except PermissionError:
         return False
+
+
+def set_title(title: str) -> None:
+    """Show ``title`` in ps and top (``setproctitle`` rewrites /proc/self/cmdline); nothing without it.
+
+    The supervisor, the fork server and each child title themselves, so an operator can tell them apart."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(title)

@@ -51,6 +51,3 @@ class Notifier:
 
     def stopping(self, status: str = "") -> bool:
         return self.send("STOPPING=1", *([f"STATUS={status}"] if status else []))
-
-    def status(self, text: str) -> bool:
-        return self.send(f"STATUS={text}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import uuid
 from datetime import datetime, timezone
@@ -56,7 +55,6 @@ def package_version() -> str:
 def supervisor_status(sup: Any) -> dict[str, Any]:
     now = time.monotonic()
     margin = sup._lease_margin()
-    state = "draining" if sup.draining else ("fenced" if sup.fenced else "running")
     snapshot = {
         "runner_id": str(sup.runner_id),
         "name": sup.registration.name,
@@ -66,7 +64,7 @@ def supervisor_status(sup: Any) -> dict[str, Any]:
         "version": sup.registration.package_version,
         "started_at": datetime.fromtimestamp(sup.started_wall, timezone.utc).isoformat(),
         "uptime_seconds": round(now - sup.started_mono, 3),
-        "state": state,
+        "state": sup.state,
         "draining": sup.draining,
         "drain_reason": sup.drain_reason,
         "drain_deadline_seconds": round(max(0.0, sup.drain_deadline - now), 3)
@@ -165,10 +163,6 @@ def render_registry(rows: list[Any]) -> str:
             f"{r.runner_id}"
         )
     return "\n".join(lines)
-
-
-def hostname() -> str:
-    return socket.gethostname()
 
 
 def dumps(value: Any) -> str:

@@ -63,10 +63,8 @@ class Child:
     run: WorkerRun
     pid: int
     channel: socket.socket
-    reader: wire.FrameReader
     output_fd: int | None
     claimed_at: float                    # CLOCK_MONOTONIC, just after the claim returned
-    phase: str = "starting"              # starting -> running -> finishing -> stopping
     ready_at: float | None = None        # the worker's code started (the child's CLOCK_MONOTONIC)
     resolved: dict[str, Any] | None = None  # waiting for record_start
     progress: dict[str, Any] | None = None
@@ -84,6 +82,20 @@ class Child:
     gpu_peak_bytes: int = 0
     output_tail: bytearray = field(default_factory=bytearray)
     partial_line: bytearray = field(default_factory=bytearray)
+    reader: wire.FrameReader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reader = wire.FrameReader(self.channel)
+
+    @property
+    def phase(self) -> str:
+        """starting -> running -> finishing -> stopping, read off what the child said and what it was sent
+        (a stored phase could disagree with them)."""
+        if self.signals_sent:
+            return "stopping"
+        if self.result is not None:
+            return "finishing"
+        return "running" if self.ready_at is not None else "starting"
 
     @property
     def short_id(self) -> str:
@@ -148,7 +160,6 @@ class Supervisor:
         self.pending_finishes: list[tuple[WorkerRun, Outcome]] = []
         self.abandoned: dict[uuid.UUID, tuple[WorkerRun, str]] = {}
         self.counters = {k: 0 for k in ("claimed", "SUCCESS", "FAILED", "CANCELLED", "INTERRUPTED", "lost")}
-        self.ready_latencies_ms: list[float] = []
 
         self.started_wall = time.time()
         self.started_mono = time.monotonic()
@@ -270,31 +281,40 @@ class Supervisor:
             moments.append(self.lease_deadline - self.options.fence_margin)
         if self.notifier is not None and self.notifier.watchdog_interval:
             moments.append(self.next_watchdog)
-        if self.draining and self.drain_deadline is not None:
-            moments.append(self.drain_deadline)
         for child in self.children.values():
-            moments.extend(self._child_deadlines(child))
+            moments.extend(at for at, _ in self._child_deadlines(child))
         if self.pending_finishes and self.db_state == "ok":
             moments.append(now)
         return max(0.0, min(moments) - now)
 
-    def _child_deadlines(self, child: Child) -> list[float]:
-        out = []
-        if self.options.max_runtime and child.kill_reason is None:
-            out.append(child.claimed_at + self.options.max_runtime)
-        if child.cancel_sent_at is not None and child.kill_reason is None:
-            out.append(child.cancel_sent_at + self.options.cancel_grace)
-        if child.term_sent_at is not None and signal.SIGKILL not in child.signals_sent:
-            out.append(child.term_sent_at + self.options.kill_grace)
-        if child.result_at is not None and signal.SIGKILL not in child.signals_sent:
-            out.append(child.result_at + self.options.kill_grace)
-        return out
+    def _child_deadlines(self, child: Child) -> list[tuple[float, Callable[[], None]]]:
+        """What falls due for ``child``, and when. One list for both ends, so that the loop never sleeps
+        until a moment at which it then does nothing (a deadline in the past would spin it):
+        ``_timeout`` sleeps until the earliest, ``_enforce_deadlines`` does what is due."""
+        if child.lost or child.fenced:
+            return []  # SIGKILLed already: only its exit is awaited
+        opts = self.options
+        due: list[tuple[float, Callable[[], None]]] = []
+        if child.kill_reason is None and child.result is None:
+            if opts.max_runtime:
+                due.append((child.claimed_at + opts.max_runtime, lambda: self._stop_overdue(child)))
+            if child.cancel_sent_at is not None:
+                due.append((child.cancel_sent_at + opts.cancel_grace, lambda: self._force_cancel(child)))
+            if self.draining and self.drain_deadline is not None:
+                due.append((self.drain_deadline, lambda: self._stop_at_drain_deadline(child)))
+        if signal.SIGKILL not in child.signals_sent:
+            # SIGTERM was not enough; or the child sent its result but does not exit.
+            for since in (child.term_sent_at, child.result_at):
+                if since is not None:
+                    due.append((since + opts.kill_grace, lambda: self._signal(child, signal.SIGKILL)))
+        return due
 
     def _wait(self, timeout: float) -> None:
         fds: list[Any] = []
         if self._wake_r is not None:
             fds.append(self._wake_r)
-        fds.extend(self.launcher.wait_fds())
+        exit_fds = self.launcher.wait_fds()
+        fds.extend(exit_fds)
         for child in self.children.values():
             if not child.reader.eof:
                 fds.append(child.channel)
@@ -302,7 +322,7 @@ class Supervisor:
                 fds.append(child.output_fd)
         if self.control is not None and self.control.fileno() is not None:
             fds.append(self.control.fileno())
-        if not self.launcher.wait_fds() and self.children:
+        if not exit_fds and self.children:
             timeout = min(timeout, 0.1)  # no pidfd on this kernel: poll the exits
         try:
             select.select(fds, [], [], timeout)
@@ -531,15 +551,15 @@ class Supervisor:
             theirs.close()
             os.close(out_w)
         os.set_blocking(out_r, False)
-        child = Child(run=run, pid=pid, channel=ours, reader=wire.FrameReader(ours), output_fd=out_r,
-                      claimed_at=claimed_at, oom_kills_at_start=procinfo.oom_kill_counter())
+        child = Child(run=run, pid=pid, channel=ours, output_fd=out_r, claimed_at=claimed_at,
+                      oom_kills_at_start=procinfo.oom_kill_counter())
         self.children[pid] = child
         try:
             wire.send(ours, "assign", {
                 "run": run,
                 "database_url": self.database_url,
                 "connect_args": self.child_connect_args,
-                "preload": list(getattr(self.launcher, "child_preload", ()) or ()),
+                "preload": list(self.launcher.child_preload),
             })
         except OSError as exc:
             log.error("run %s: the child %d did not take its assignment: %s", run.run_id, pid, exc)
@@ -575,9 +595,7 @@ class Supervisor:
             self._record_start(child)
         elif kind == "started":
             child.ready_at = float(payload["t"])
-            child.phase = "running"
             latency = (child.ready_at - child.claimed_at) * 1000
-            self.ready_latencies_ms.append(latency)
             log.info("run %s: worker %s running in child %d (%.0f ms after the claim)",
                      child.short_id, child.run.worker_name, child.pid, latency)
         elif kind == "progress":
@@ -587,7 +605,6 @@ class Supervisor:
         elif kind == "result":
             child.result = payload
             child.result_at = time.monotonic()
-            child.phase = "finishing"
             if payload.get("progress"):
                 child.progress = payload["progress"]
 
@@ -663,34 +680,30 @@ class Supervisor:
         child.signals_sent.add(sig)
         if sig == signal.SIGTERM:
             child.term_sent_at = time.monotonic()
-        child.phase = "stopping"
         procinfo.kill_group(child.pid, sig)
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
-        opts = self.options
         for child in list(self.children.values()):
-            if child.lost or child.fenced:
-                continue
-            if opts.max_runtime and child.kill_reason is None and child.result is None \
-                    and now - child.claimed_at >= opts.max_runtime:
-                log.error("run %s (%s): over --max-runtime %gs; killing child %d",
-                          child.short_id, child.run.worker_name, opts.max_runtime, child.pid)
-                self._signal(child, signal.SIGKILL, "timeout")
-            if child.cancel_sent_at is not None and child.kill_reason is None and child.result is None \
-                    and now - child.cancel_sent_at >= opts.cancel_grace:
-                log.warning("run %s (%s): still running %gs after the cancel request; SIGTERM",
-                            child.short_id, child.run.worker_name, opts.cancel_grace)
-                self._signal(child, signal.SIGTERM, "cancel-forced")
-            if self.draining and self.drain_deadline is not None and now >= self.drain_deadline \
-                    and child.kill_reason is None and child.result is None:
-                log.warning("run %s (%s): drain timeout; SIGTERM to child %d",
-                            child.short_id, child.run.worker_name, child.pid)
-                self._signal(child, signal.SIGTERM, "runner-stopped")
-            if child.term_sent_at is not None and now - child.term_sent_at >= opts.kill_grace:
-                self._signal(child, signal.SIGKILL)
-            if child.result_at is not None and now - child.result_at >= opts.kill_grace:
-                self._signal(child, signal.SIGKILL)  # it sent its result but does not exit
+            for at, act in self._child_deadlines(child):
+                if at <= now:
+                    act()
+                    break  # what it did changes what falls due next: the next tick (at once) decides
+
+    def _stop_overdue(self, child: Child) -> None:
+        log.error("run %s (%s): over --max-runtime %gs; killing child %d",
+                  child.short_id, child.run.worker_name, self.options.max_runtime, child.pid)
+        self._signal(child, signal.SIGKILL, "timeout")
+
+    def _force_cancel(self, child: Child) -> None:
+        log.warning("run %s (%s): still running %gs after the cancel request; SIGTERM",
+                    child.short_id, child.run.worker_name, self.options.cancel_grace)
+        self._signal(child, signal.SIGTERM, "cancel-forced")
+
+    def _stop_at_drain_deadline(self, child: Child) -> None:
+        log.warning("run %s (%s): drain timeout; SIGTERM to child %d",
+                    child.short_id, child.run.worker_name, child.pid)
+        self._signal(child, signal.SIGTERM, "runner-stopped")
 
     # --- exits ---------------------------------------------------------------------------------------
 
@@ -699,7 +712,7 @@ class Supervisor:
             child = self.children.get(ex.pid)
             if child is not None:
                 self._on_exit(child, ex)
-        if not self.launcher.healthy() and self.launcher.info().get("start_method") == "forkserver":
+        if self.launcher.name == "forkserver" and not self.launcher.healthy():
             self._fork_server_died()
 
     def _fork_server_died(self) -> None:
@@ -719,9 +732,7 @@ class Supervisor:
             self._stop_now("fork server lost")
 
     def _on_exit(self, child: Child, ex: ChildExit) -> None:
-        self._pump(child)
-        if child.output_fd is not None:
-            self._read_output(child)
+        self._pump(child)  # the last messages and output
         self._close_child(child)
         del self.children[child.pid]
         self.next_poll = min(self.next_poll, time.monotonic())  # a slot is free: claim now
@@ -829,20 +840,19 @@ class Supervisor:
             self.notifier.watchdog()
             self.next_watchdog = now + self.notifier.watchdog_interval
 
+    @property
+    def state(self) -> str:
+        """running | draining | fenced: what the status, the process title and systemd show."""
+        return "draining" if self.draining else ("fenced" if self.fenced else "running")
+
     def _status_line(self) -> str:
-        state = "draining" if self.draining else ("fenced" if self.fenced else "running")
-        return f"{state}: {len(self.children)}/{self.options.concurrency} busy, database {self.db_state}"
+        return f"{self.state}: {len(self.children)}/{self.options.concurrency} busy, database {self.db_state}"
 
     def _retitle(self) -> None:
         title = f"scrinalia-runner: supervisor {self.registration.name} [{self._status_line()}]"
         if title != self._title:
             self._title = title
-            try:
-                import setproctitle
-
-                setproctitle.setproctitle(title)
-            except ImportError:
-                pass
+            procinfo.set_title(title)
 
     def _control_request(self, request: dict[str, Any]) -> dict[str, Any]:
         from runner.status import supervisor_status

@@ -105,3 +105,61 @@ def test_the_progress_bar_draws_on_a_tty_only():
     quiet.update({"done": 1, "total": 2})
     quiet.close()
     assert plain.getvalue() == ""
+
+
+def _idle_supervisor(**options):
+    """A supervisor that has opened nothing: only its deadline table is exercised."""
+    import time
+    import uuid
+    from types import SimpleNamespace
+
+    from runner.launchers import SpawnLauncher
+    from runner.supervisor import Supervisor
+
+    sup = Supervisor(RunnerOptions(name="x", **options).validate(), engine=None, database_url="",
+                     child_connect_args={}, launcher=SpawnLauncher(),
+                     registration=SimpleNamespace(runner_id=uuid.uuid4(), capabilities=()), install_signals=False)
+    sup.next_heartbeat = sup.next_poll = time.monotonic() + 3600
+    return sup
+
+
+def test_a_child_s_phase_follows_what_it_said_and_what_it_was_sent():
+    import time
+
+    from runner.supervisor import Child
+
+    a, b = socket.socketpair()
+    child = Child(run=None, pid=1, channel=a, output_fd=None, claimed_at=time.monotonic())
+    assert child.phase == "starting" and child.reader.sock is a
+    child.ready_at = time.monotonic()
+    assert child.phase == "running"
+    child.result = {"status": "SUCCESS"}
+    assert child.phase == "finishing"
+    child.signals_sent.add(signal.SIGKILL)
+    assert child.phase == "stopping"
+    a.close()
+    b.close()
+
+
+def test_a_deadline_that_calls_for_nothing_does_not_wake_the_loop():
+    """A finishing child past --max-runtime, a cancelled one past its grace, a drain past its deadline:
+    nothing is due for them until the kill grace, so the loop sleeps instead of spinning."""
+    import time
+
+    from runner.supervisor import MAX_SELECT_WAIT, Child
+
+    sup = _idle_supervisor(max_runtime=1, cancel_grace=1, kill_grace=30, drain_timeout=0)
+    a, b = socket.socketpair()
+    now = time.monotonic()
+    child = Child(run=None, pid=1, channel=a, output_fd=None, claimed_at=now - 60, cancel_sent_at=now - 60,
+                  result={"status": "SUCCESS"}, result_at=now)
+    sup.children[child.pid] = child
+    sup.draining, sup.drain_deadline = True, now - 60
+    assert [at for at, _ in sup._child_deadlines(child)] == [now + 30]
+    assert sup._timeout() > MAX_SELECT_WAIT / 2
+    child.result = child.result_at = None  # still working: every one of those is due now
+    assert len(sup._child_deadlines(child)) == 3 and sup._timeout() == 0
+    child.lost = True  # SIGKILLed already: only its exit is awaited
+    assert sup._child_deadlines(child) == [] and sup._timeout() > MAX_SELECT_WAIT / 2
+    a.close()
+    b.close()
