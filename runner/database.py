@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import Engine
 
 from runner.options import RunnerOptions
-from runner.status import package_version
 
+from scrinalia import __version__
 from scrinalia.db import migrate
 from scrinalia.db.engine import connect_args_for, create_engine_from_url
 from scrinalia.domains.archive.registry import RunnerRegistration
@@ -77,7 +77,7 @@ def registration(
         name=options.name,
         hostname=socket.gethostname(),
         pid=os.getpid(),
-        package_version=package_version(),
+        package_version=__version__,
         schema_revision=schema_revision,
         capabilities=list(capabilities),
         concurrency=options.concurrency,

@@ -10,7 +10,6 @@ import os
 import time
 import uuid
 from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 # Field -> meaning. The tests check that the JSON has exactly these top-level fields.
@@ -43,13 +42,6 @@ STATUS_FIELDS: dict[str, str] = {
                 "elapsed_seconds, progress ({done, total, unit, ...} or null), rss_bytes, "
                 "gpu_memory_bytes (NVML, null without a GPU), cancel_requested",
 }
-
-
-def package_version() -> str:
-    try:
-        return version("scrinalia-runner")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 def supervisor_status(sup: Any) -> dict[str, Any]:

@@ -131,6 +131,6 @@ def assert_system_routes_guarded(app: FastAPI) -> None:
 
 
 def _version() -> str:
-    from scrinalia.api.views import package_version
+    from scrinalia import __version__
 
-    return package_version()
+    return __version__

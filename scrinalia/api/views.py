@@ -12,12 +12,12 @@ import re
 import uuid
 from dataclasses import asdict
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import UUID
 
+from scrinalia import __version__
 from scrinalia.api import catalogue_view
 from scrinalia.db import migrate
 from scrinalia.domains.archive import ledger, registry
@@ -64,29 +64,6 @@ def _normalise_jsonb_run(raw: dict[str, Any] | None) -> dict[str, Any] | None:
     return run_json({name: raw.get(name) for name in _RUN_FIELDS})
 
 
-@lru_cache(maxsize=1)
-def schema_head() -> str:
-    return migrate.head_revision()
-
-
-@lru_cache(maxsize=1)
-def known_revisions() -> frozenset[str]:
-    """Every revision of the bundled migrations (read once per process)."""
-    from alembic.script import ScriptDirectory
-
-    return frozenset(r.revision for r in ScriptDirectory.from_config(migrate.alembic_config()).walk_revisions())
-
-
-@lru_cache(maxsize=1)
-def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("scrinalia-runner")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
 _CLOCK = text(
     "SELECT now() AS db_now, "
     "CASE WHEN to_regclass('alembic_version') IS NOT NULL "
@@ -112,7 +89,7 @@ def runners_view(engine: Engine, *, stopped_within_hours: int = 24, db_revision:
         running = {r.runner_id: int(r.n) for r in conn.execute(_RUNNING_PER_RUNNER).all()}
     if with_clock and db_revision is None:
         _, db_revision = db_clock(engine)
-    version = package_version()
+    version = __version__
     out = []
     for row in rows:
         data = {k: _iso(v) for k, v in asdict(row).items()}
@@ -341,7 +318,7 @@ def metrics_text(engine: Engine, catalogue: dict[str, WorkerSpec],
     lines = [
         "# HELP scrinalia_build_info The API's package version and the schema head it was built for.",
         "# TYPE scrinalia_build_info gauge",
-        f'scrinalia_build_info{{version="{_label(package_version())}",schema_head="{_label(schema_head())}"}} 1',
+        f'scrinalia_build_info{{version="{_label(__version__)}",schema_head="{_label(migrate.head_revision())}"}} 1',
         "# HELP scrinalia_worker_runs_active Active runs (QUEUED or RUNNING) per worker.",
         "# TYPE scrinalia_worker_runs_active gauge",
     ]

@@ -33,6 +33,12 @@ def head_revision() -> str:
     return heads[0]
 
 
+@lru_cache(maxsize=1)
+def known_revisions() -> frozenset[str]:
+    """Every revision of the bundled migrations: a database revision outside it is ahead of this code."""
+    return frozenset(r.revision for r in ScriptDirectory.from_config(alembic_config()).walk_revisions())
+
+
 def current_revision(conn: Connection) -> str | None:
     """The database's revision, or None when alembic never ran there."""
     exists = conn.execute(text("SELECT to_regclass('alembic_version') IS NOT NULL")).scalar_one()

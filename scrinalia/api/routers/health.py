@@ -7,30 +7,32 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from scrinalia import __version__
 from scrinalia.api import views
 from scrinalia.api.context import ctx
 from scrinalia.api.errors import not_found
 from scrinalia.api.schemas import HealthOut
+from scrinalia.db import migrate
 
 log = logging.getLogger("scrinalia.api.health")
 router = APIRouter(tags=["health"])
 
 
 def health(request: Request) -> JSONResponse:
-    version = views.package_version()
+    version = __version__
     try:
         _, revision = views.db_clock(ctx(request).engine)
     except Exception as exc:  # noqa: BLE001 - the class only: a driver message may name the host
         log.warning("healthz: database unreachable (%s)", type(exc).__name__)
         body = {"status": "degraded", "database": "unreachable", "schema": "unknown", "version": version}
         return JSONResponse(body, status_code=503)
-    if revision == views.schema_head():
+    if revision == migrate.head_revision():
         schema = "current"
     elif revision is None:
         schema = "behind"
     else:
         try:
-            schema = "behind" if revision in views.known_revisions() else "ahead_or_unknown"
+            schema = "behind" if revision in migrate.known_revisions() else "ahead_or_unknown"
         except Exception:  # noqa: BLE001 - the migrations cannot be read: the database's revision is unknown
             schema = "ahead_or_unknown"
     status = "ok" if schema == "current" else "degraded"
