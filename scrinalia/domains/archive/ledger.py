@@ -572,3 +572,46 @@ def active_and_last_runs(
     with engine.connect() as conn:
         rows = conn.execute(_ACTIVE_AND_LAST, {"workers": list(worker_names)}).all()
     return {r.worker_name: (r.active, r.last) for r in rows}
+
+
+# --- record_progress -----------------------------------------------------------------------------
+
+# One statement for all of a runner's children, whatever their number: the progress map arrives as one
+# jsonb object {run_id: progress} and is joined to the rows. Fenced like every write of a holder (my
+# RUNNING rows only); a row whose progress did not change is not rewritten, so it neither makes a dead
+# tuple nor fires the ledger's notification.
+_RECORD_PROGRESS = text(
+    """
+    UPDATE archive_worker_runs AS r
+       SET progress = p.progress
+      FROM jsonb_each(CAST(:progress AS jsonb)) AS p(run_id, progress)
+     WHERE r.run_id = CAST(p.run_id AS uuid)
+       AND r.runner_id = :runner_id
+       AND r.status = 'RUNNING'
+       AND r.progress IS DISTINCT FROM p.progress
+    """
+).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
+
+
+def record_progress(
+    engine: Engine, runner_id: uuid.UUID, progress: Mapping[uuid.UUID | str, Mapping[str, Any]]
+) -> int:
+    """Write the latest progress of this runner's children in one statement; returns the rows changed.
+
+    Separate from the heartbeat on purpose: the heartbeat's cadence is the lease's (15 s by default),
+    progress should reach the panel within about a second. The caller sends only what changed.
+    """
+    if not progress:
+        return 0
+    payload = json.dumps({str(k): v for k, v in progress.items()}, default=str)
+    with engine.begin() as conn:
+        return conn.execute(_RECORD_PROGRESS, {"runner_id": runner_id, "progress": payload}).rowcount
+
+
+# --- notifications -------------------------------------------------------------------------------
+
+# Triggers (migration 0006) announce every visible change of a run or a runner on this channel, at
+# COMMIT; ``scrinalia.domains.archive.ledger_events`` listens. Payloads:
+#   {"kind": "run", "run_id": ..., "worker": ..., "status": ...}   {"kind": "runner", "runner_id": ...}
+LEDGER_CHANNEL = "scrinalia_ledger"
+LISTEN_STATEMENT = f"LISTEN {LEDGER_CHANNEL}"

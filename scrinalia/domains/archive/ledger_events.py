@@ -1,0 +1,226 @@
+"""Hear the ledger's notifications without ever blocking the caller's loop.
+
+One LISTEN connection (raw libpq through ``psycopg.pq``, in non-blocking mode) that a loop drives:
+the runner's supervisor puts ``fileno()`` in its ``select`` and calls ``step()``; the API's event hub
+does the same with asyncio's ``add_reader``. Nothing here waits: connecting is libpq's asynchronous
+``connect_start``/``connect_poll``, reading is ``consume_input``/``notifies``. A failure closes the
+connection and schedules a retry with a backoff (0.5 s doubling to 30 s), so a database that is away
+costs the loop nothing.
+
+Every time the LISTEN becomes active (the first time and after each reconnect) ``step`` returns a
+``resync`` event: notifications sent while no one listened are gone, so the caller re-reads the truth
+(the supervisor polls, the panel refreshes).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import pq
+from psycopg.conninfo import make_conninfo
+from sqlalchemy import Engine
+
+from scrinalia.domains.archive.ledger import LEDGER_CHANNEL, LISTEN_STATEMENT
+
+log = logging.getLogger("scrinalia.ledger.events")
+
+RETRY_MIN_SECONDS = 0.5
+RETRY_MAX_SECONDS = 30.0
+CONNECT_TIMEOUT_SECONDS = 10.0
+CONNECT_STEP_SECONDS = 0.02  # while libpq waits to write during the connect (the loop selects on reads only)
+MAX_EVENTS_PER_STEP = 1000   # a bounded read: a flood is read over several turns of the loop
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEvent:
+    """One notification: ``kind`` is run | runner | resync (resync: re-read, something may be missed)."""
+
+    kind: str
+    run_id: uuid.UUID | None = None
+    worker: str | None = None
+    status: str | None = None
+    runner_id: uuid.UUID | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        for key in ("run_id", "worker", "status", "runner_id"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = str(value)
+        return out
+
+
+RESYNC = LedgerEvent("resync")
+
+
+def parse_payload(payload: str) -> LedgerEvent | None:
+    """The trigger's JSON payload -> an event; None for anything else (never raises)."""
+    try:
+        data = json.loads(payload)
+        kind = data.get("kind")
+        if kind == "run":
+            return LedgerEvent("run", run_id=uuid.UUID(data["run_id"]), worker=str(data.get("worker")),
+                               status=str(data.get("status")))
+        if kind == "runner":
+            return LedgerEvent("runner", runner_id=uuid.UUID(data["runner_id"]))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        pass
+    return None
+
+
+def conninfo_for(engine: Engine, **extra: Any) -> str:
+    """A libpq conninfo string for the engine's database (with its password: never log it)."""
+    _, params = engine.dialect.create_connect_args(engine.url)
+    params = {k: v for k, v in params.items() if v is not None and k != "context"}
+    params.setdefault("connect_timeout", int(CONNECT_TIMEOUT_SECONDS))
+    # A silent network is noticed: TCP keepalives on an otherwise quiet connection.
+    params.setdefault("keepalives", 1)
+    params.setdefault("keepalives_idle", 30)
+    params.setdefault("keepalives_interval", 10)
+    params.setdefault("keepalives_count", 3)
+    params.update({k: v for k, v in extra.items() if v is not None})
+    return make_conninfo("", **params)
+
+
+class LedgerListener:
+    """A LISTEN connection driven by its owner's loop: ``fileno()`` to wait on, ``due_at()`` for the
+    next moment ``step()`` must run even if nothing is readable, ``step()`` to advance and read."""
+
+    def __init__(self, conninfo: str, *, name: str = "listener") -> None:
+        self._conninfo = conninfo.encode()
+        self.name = name
+        self._pg: pq.PGconn | None = None
+        self.state = "down"  # down | connecting | subscribing | listening
+        self._poll = pq.PollingStatus.WRITING
+        self._connect_deadline = 0.0
+        self._retry_delay = RETRY_MIN_SECONDS
+        self._next_attempt = 0.0
+        self.reconnects = 0
+        self._more = False
+        self.last_error: str | None = None
+
+    @property
+    def listening(self) -> bool:
+        return self.state == "listening"
+
+    def fileno(self) -> int | None:
+        """The socket to wait on for reading, or None when there is nothing to read."""
+        if self._pg is None:
+            return None
+        if self.state == "connecting" and self._poll != pq.PollingStatus.READING:
+            return None
+        try:
+            return self._pg.socket
+        except Exception:
+            return None
+
+    def due_at(self) -> float:
+        """CLOCK_MONOTONIC moment at which ``step`` must run without a readable socket."""
+        if self.state == "down":
+            return self._next_attempt
+        if self.state == "connecting":
+            if self._poll == pq.PollingStatus.READING:
+                return self._connect_deadline
+            return time.monotonic() + CONNECT_STEP_SECONDS
+        return time.monotonic() if self._more else float("inf")
+
+    def step(self, now: float | None = None) -> list[LedgerEvent]:
+        """Advance the connection and return what arrived (bounded; never blocks, never raises)."""
+        now = time.monotonic() if now is None else now
+        try:
+            if self.state == "down":
+                if now >= self._next_attempt:
+                    self._start(now)
+                return []
+            if self.state == "connecting":
+                return self._connect_step(now)
+            return self._read()
+        except Exception as exc:  # psycopg.OperationalError, OSError: the connection is gone
+            self._fail(now, exc)
+            return []
+
+    def close(self) -> None:
+        if self._pg is not None:
+            try:
+                self._pg.finish()
+            except Exception:
+                pass
+        self._pg = None
+        self.state = "down"
+
+    # --- internals ---
+
+    def _start(self, now: float) -> None:
+        self._pg = pq.PGconn.connect_start(self._conninfo)
+        if self._pg.status == pq.ConnStatus.BAD:
+            raise ConnectionError(self._error_message())
+        self._pg.nonblocking = 1
+        self.state = "connecting"
+        self._poll = pq.PollingStatus.WRITING
+        self._connect_deadline = now + CONNECT_TIMEOUT_SECONDS
+
+    def _connect_step(self, now: float) -> list[LedgerEvent]:
+        assert self._pg is not None
+        self._poll = self._pg.connect_poll()
+        if self._poll == pq.PollingStatus.FAILED:
+            raise ConnectionError(self._error_message())
+        if self._poll == pq.PollingStatus.OK:
+            self._pg.send_query(LISTEN_STATEMENT.encode())
+            self._pg.flush()
+            self.state = "subscribing"
+            return self._read()
+        if now > self._connect_deadline:
+            raise TimeoutError(f"no connection within {CONNECT_TIMEOUT_SECONDS:g} s")
+        return []
+
+    def _read(self) -> list[LedgerEvent]:
+        pg = self._pg
+        assert pg is not None
+        pg.consume_input()
+        events: list[LedgerEvent] = []
+        if self.state == "subscribing":
+            if pg.is_busy():
+                return events
+            ok = False
+            while (result := pg.get_result()) is not None:
+                ok = ok or result.status == pq.ExecStatus.COMMAND_OK
+            if not ok:
+                raise ConnectionError(f"LISTEN {LEDGER_CHANNEL} failed: {self._error_message()}")
+            self.state = "listening"
+            self._retry_delay = RETRY_MIN_SECONDS
+            if self.reconnects or self.last_error:
+                log.info("%s: listening again on %s", self.name, LEDGER_CHANNEL)
+            self.last_error = None
+            events.append(RESYNC)
+        self._more = False
+        while (note := pg.notifies()) is not None:
+            event = parse_payload(note.extra.decode("utf-8", errors="replace"))
+            if event is not None:
+                events.append(event)
+            if len(events) >= MAX_EVENTS_PER_STEP:
+                self._more = True  # the rest is already read off the socket: due_at() says "now"
+                break
+        if pg.status == pq.ConnStatus.BAD:
+            raise ConnectionError(self._error_message())
+        return events
+
+    def _fail(self, now: float, exc: BaseException) -> None:
+        first = self.last_error is None
+        self.last_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        if first:
+            log.warning("%s: not listening (%s); retrying in %g s, the poll covers meanwhile",
+                        self.name, self.last_error, self._retry_delay)
+        self.close()
+        self.reconnects += 1
+        self._next_attempt = now + self._retry_delay
+        self._retry_delay = min(RETRY_MAX_SECONDS, self._retry_delay * 2)
+
+    def _error_message(self) -> str:
+        if self._pg is None:
+            return "no connection"
+        msg = self._pg.error_message.decode("utf-8", errors="replace").strip()
+        return msg.splitlines()[0] if msg else "connection failed"
