@@ -82,7 +82,13 @@ def daemon_options(func):
         click.option("--heartbeat", type=float, default=15.0, show_default=True, help="Seconds between heartbeats."),
         click.option("--lease", type=float, default=60.0, show_default=True,
                      help="Seconds a heartbeat renews the leases for; must exceed --heartbeat."),
-        click.option("--poll", type=float, default=2.0, show_default=True, help="Seconds between claims."),
+        click.option("--poll", type=float, default=2.0, show_default=True,
+                     help="Seconds between claims when no notification is heard."),
+        click.option("--listen/--no-listen", default=None,
+                     help="Claim as soon as the ledger announces a QUEUED run (LISTEN/NOTIFY); default on, "
+                          "or SCRINALIA_RUNNER_LISTEN=0 to turn it off."),
+        click.option("--listen-poll", type=float, default=10.0, show_default=True,
+                     help="Seconds between claims while listening: the safety net for a lost notification."),
         click.option("--drain-timeout", type=float, default=120.0, show_default=True,
                      help="Seconds a drain waits for the children before stopping them."),
         click.option("--max-runtime", type=float, default=None, help="Seconds a run may take (then FAILED timeout)."),
@@ -111,8 +117,13 @@ def daemon_command(**flags: Any) -> None:
 
 
 def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain_timeout, max_runtime,
-               cancel_grace, kill_grace, preload, start_method, socket_path, log_level) -> int:
+               cancel_grace, kill_grace, preload, start_method, socket_path, log_level,
+               listen=None, listen_poll=10.0) -> int:
     setup_logging(log_level)
+    from runner.wakeup import listen_default
+
+    if listen is None:
+        listen = listen_default()
 
     try:
         options = RunnerOptions(
@@ -122,6 +133,8 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
             heartbeat_seconds=heartbeat,
             lease_seconds=lease,
             poll_seconds=poll,
+            listen=listen,
+            listen_poll_seconds=listen_poll,
             drain_timeout=drain_timeout,
             max_runtime=max_runtime,
             cancel_grace=cancel_grace,
@@ -201,6 +214,7 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
         notifier=Notifier(),
         gpu=gpu,
         control=control,
+        wakeup=_wakeup(options, engine, capabilities, settings),
     )
     try:
         sup.open()
@@ -216,6 +230,19 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
     finally:
         sup.close()
         engine.dispose()
+
+
+def _wakeup(options: RunnerOptions, engine: Any, capabilities: list[str], settings: Any) -> Any:
+    """The LISTEN connection of pick-up on notification, or None with --no-listen."""
+    if not options.listen:
+        log.info("not listening for notifications (--no-listen): claiming every %gs", options.poll_seconds)
+        return None
+    from runner.wakeup import Wakeup
+
+    from scrinalia.db.engine import connect_args_for
+
+    args = connect_args_for(settings, "scrinalia-runner-listen")
+    return Wakeup.for_engine(engine, capabilities, **args)
 
 
 # --- status -----------------------------------------------------------------------------------------

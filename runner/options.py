@@ -31,6 +31,8 @@ class RunnerOptions:
     heartbeat_seconds: float = 15.0
     lease_seconds: float = 60.0
     poll_seconds: float = 2.0
+    listen: bool = True               # claim on the ledger's notification (decision 0080)
+    listen_poll_seconds: float = 10.0  # the poll while the LISTEN is up: only the safety net
     drain_timeout: float = 120.0
     max_runtime: float | None = None
     cancel_grace: float = 60.0
@@ -54,6 +56,8 @@ class RunnerOptions:
             )
         if self.poll_seconds <= 0:
             raise OptionsError(f"--poll must be positive, got {self.poll_seconds}")
+        if self.listen_poll_seconds <= 0:
+            raise OptionsError(f"--listen-poll must be positive, got {self.listen_poll_seconds}")
         if self.drain_timeout < 0:
             raise OptionsError("--drain-timeout must not be negative")
         if self.max_runtime is not None and self.max_runtime <= 0:

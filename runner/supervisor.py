@@ -48,6 +48,7 @@ from scrinalia.domains.archive.ledger import WorkerRun
 log = logging.getLogger("scrinalia.runner")
 
 OUTPUT_TAIL_BYTES = 16 * 1024
+PROGRESS_INTERVAL = 0.5  # seconds between two progress statements: the panel sees progress within ~1 s
 RELAY_LINE_MAX = 500
 MAX_SELECT_WAIT = 1.0
 
@@ -68,6 +69,7 @@ class Child:
     ready_at: float | None = None        # the worker's code started (the child's CLOCK_MONOTONIC)
     resolved: dict[str, Any] | None = None  # waiting for record_start
     progress: dict[str, Any] | None = None
+    progress_written: dict[str, Any] | None = None  # what record_progress last wrote for it
     result: dict[str, Any] | None = None
     result_at: float | None = None
     cancel_sent_at: float | None = None
@@ -135,6 +137,7 @@ class Supervisor:
         notifier: Any = None,
         gpu: Any = None,
         control: Any = None,
+        wakeup: Any = None,
         on_progress: Callable[[Child], None] | None = None,
         install_signals: bool = True,
     ) -> None:
@@ -152,6 +155,7 @@ class Supervisor:
         self.notifier = notifier
         self.gpu = gpu
         self.control = control
+        self.wakeup = wakeup  # runner.wakeup.Wakeup: claim on the ledger's notification (None: poll only)
         self.on_progress = on_progress
         self.install_signals = install_signals
 
@@ -175,6 +179,7 @@ class Supervisor:
         self.next_heartbeat = 0.0
         self.next_poll = 0.0
         self.next_watchdog = 0.0
+        self.next_progress = 0.0
         self.interrupts = 0
         self.exit_code = 0
         self._wake_r: int | None = None
@@ -231,6 +236,8 @@ class Supervisor:
             self.registered = False
         if self.control is not None:
             self.control.close()
+        if self.wakeup is not None:
+            self.wakeup.close()
         if self.gpu is not None:
             self.gpu.close()
         if self._old_handlers:
@@ -256,6 +263,7 @@ class Supervisor:
     def _tick(self) -> None:
         self._wait(self._timeout())
         self._read_signals()
+        self._read_wakeup()
         self._check_lease_margin()
         for child in list(self.children.values()):
             self._pump(child)
@@ -266,6 +274,7 @@ class Supervisor:
         if now >= self.next_heartbeat:
             self._heartbeat()
         self._retry_pending()
+        self._flush_progress()
         self._enforce_deadlines()
         if self.mode == "daemon" and time.monotonic() >= self.next_poll:
             self._poll()
@@ -281,6 +290,10 @@ class Supervisor:
             moments.append(self.lease_deadline - self.options.fence_margin)
         if self.notifier is not None and self.notifier.watchdog_interval:
             moments.append(self.next_watchdog)
+        if self.wakeup is not None:
+            moments.append(self.wakeup.due_at())
+        if self.db_state != "unreachable" and self._progress_to_write():
+            moments.append(self.next_progress)
         for child in self.children.values():
             moments.extend(at for at, _ in self._child_deadlines(child))
         if self.pending_finishes and self.db_state == "ok":
@@ -322,6 +335,8 @@ class Supervisor:
                 fds.append(child.output_fd)
         if self.control is not None and self.control.fileno() is not None:
             fds.append(self.control.fileno())
+        if self.wakeup is not None and self.wakeup.fileno() is not None:
+            fds.append(self.wakeup.fileno())
         if not exit_fds and self.children:
             timeout = min(timeout, 0.1)  # no pidfd on this kernel: poll the exits
         try:
@@ -508,6 +523,51 @@ class Supervisor:
                   child.run.run_id, child.run.worker_name, why, child.pid)
         self._signal(child, signal.SIGKILL)
 
+    # --- notifications and progress (decision 0080) ----------------------------------------------
+
+    def _read_wakeup(self) -> None:
+        """A QUEUED run we can claim was announced (or the LISTEN restarted): poll now. A cancel request
+        for a child that was not told yet: beat now, the heartbeat's answer hands it over."""
+        if self.wakeup is None or self.mode != "daemon":
+            return
+        news = self.wakeup.read()
+        now = time.monotonic()
+        if news.claim:
+            self.next_poll = min(self.next_poll, now)
+        if any(c.run.run_id in news.cancelled and c.cancel_sent_at is None for c in self.children.values()):
+            self.next_heartbeat = min(self.next_heartbeat, now)
+
+    def _poll_interval(self) -> float:
+        """While the LISTEN is up the poll is only the safety net: --listen-poll, but at most a quarter of
+        the lease (the poll also expires other runners' leases, which must not wait much past their end);
+        never faster than --poll. Without the LISTEN: --poll."""
+        opts = self.options
+        if self.wakeup is not None and self.wakeup.listening:
+            return max(opts.poll_seconds, min(opts.listen_poll_seconds, opts.lease_seconds / 4))
+        return opts.poll_seconds
+
+    def _progress_to_write(self) -> dict[uuid.UUID, dict[str, Any]]:
+        return {c.run.run_id: c.progress for c in self.children.values()
+                if c.progress is not None and c.progress != c.progress_written and not (c.lost or c.fenced)}
+
+    def _flush_progress(self) -> None:
+        """ONE statement for every child whose progress changed, at most every PROGRESS_INTERVAL; separate
+        from the heartbeat, whose cadence is the lease's. A failure waits for the next interval."""
+        now = time.monotonic()
+        if now < self.next_progress or self.db_state == "unreachable":
+            return
+        pending = self._progress_to_write()
+        if not pending:
+            return
+        self.next_progress = now + PROGRESS_INTERVAL
+        try:
+            self._db("record_progress", ledger.record_progress, self.runner_id, pending)
+        except DatabaseDown:
+            return
+        for child in self.children.values():
+            if child.run.run_id in pending:
+                child.progress_written = pending[child.run.run_id]
+
     # --- claims and children ------------------------------------------------------------------------
 
     def _may_claim(self) -> bool:
@@ -520,7 +580,7 @@ class Supervisor:
         )
 
     def _poll(self) -> None:
-        self.next_poll = time.monotonic() + self.options.poll_seconds
+        self.next_poll = time.monotonic() + self._poll_interval()
         if self.db_state == "unreachable":
             return  # the heartbeat's retry is the probe: our own rows are renewed before anything expires
         self._expire_leases()

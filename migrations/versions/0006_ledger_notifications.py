@@ -14,7 +14,7 @@ leases (``heartbeat_at``, ``lease_expires_at``, ``last_heartbeat_at``) is filter
 WHEN clause, so it costs nothing and idle runners make no noise.
 
 The payload is small JSON (well under the 8000-byte limit of NOTIFY):
-    {"kind": "run", "run_id": "...", "worker": "...", "status": "RUNNING"}
+    {"kind": "run", "run_id": "...", "worker": "...", "status": "RUNNING", "cancel": false}
     {"kind": "runner", "runner_id": "..."}
 """
 from alembic import op
@@ -31,7 +31,8 @@ CREATE FUNCTION archive_notify_run() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
     PERFORM pg_notify('{CHANNEL}', json_build_object(
-        'kind', 'run', 'run_id', NEW.run_id, 'worker', NEW.worker_name, 'status', NEW.status)::text);
+        'kind', 'run', 'run_id', NEW.run_id, 'worker', NEW.worker_name, 'status', NEW.status,
+        'cancel', NEW.cancel_requested_at IS NOT NULL)::text);
     RETURN NULL;
 END
 $fn$;

@@ -67,7 +67,8 @@ def test_every_run_step_is_announced_at_commit(engine: Engine, listener: LedgerL
     assert runs_of(collect(listener, lambda ev: runs_of(ev))) == [("w", "RUNNING")]
 
     ledger.request_cancel(engine, run.run_id, "someone")
-    assert runs_of(collect(listener, lambda ev: runs_of(ev))) == [("w", "RUNNING")]
+    events = collect(listener, lambda ev: runs_of(ev))
+    assert runs_of(events) == [("w", "RUNNING")] and events[0].cancel  # the runner beats at once on it
 
     ledger.finish(engine, run.run_id, runner, "CANCELLED", exit_reason="cancelled")
     assert runs_of(collect(listener, lambda ev: runs_of(ev))) == [("w", "CANCELLED")]

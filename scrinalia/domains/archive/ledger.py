@@ -612,6 +612,6 @@ def record_progress(
 
 # Triggers (migration 0006) announce every visible change of a run or a runner on this channel, at
 # COMMIT; ``scrinalia.domains.archive.ledger_events`` listens. Payloads:
-#   {"kind": "run", "run_id": ..., "worker": ..., "status": ...}   {"kind": "runner", "runner_id": ...}
+#   {"kind": "run", "run_id": ..., "worker": ..., "status": ..., "cancel": bool}   {"kind": "runner", "runner_id": ...}
 LEDGER_CHANNEL = "scrinalia_ledger"
 LISTEN_STATEMENT = f"LISTEN {LEDGER_CHANNEL}"

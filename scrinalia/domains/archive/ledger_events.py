@@ -43,6 +43,7 @@ class LedgerEvent:
     run_id: uuid.UUID | None = None
     worker: str | None = None
     status: str | None = None
+    cancel: bool = False
     runner_id: uuid.UUID | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -51,6 +52,8 @@ class LedgerEvent:
             value = getattr(self, key)
             if value is not None:
                 out[key] = str(value)
+        if self.kind == "run":
+            out["cancel"] = self.cancel
         return out
 
 
@@ -64,7 +67,7 @@ def parse_payload(payload: str) -> LedgerEvent | None:
         kind = data.get("kind")
         if kind == "run":
             return LedgerEvent("run", run_id=uuid.UUID(data["run_id"]), worker=str(data.get("worker")),
-                               status=str(data.get("status")))
+                               status=str(data.get("status")), cancel=bool(data.get("cancel")))
         if kind == "runner":
             return LedgerEvent("runner", runner_id=uuid.UUID(data["runner_id"]))
     except (ValueError, TypeError, KeyError, AttributeError):
