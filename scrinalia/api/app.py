@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 
 from scrinalia.api import catalogue_view, errors
 from scrinalia.api.context import AppContext
-from scrinalia.api.routers import auth, health, runners, runs, schedules, workers
+from scrinalia.api.routers import auth, events, health, runners, runs, schedules, workers
 from scrinalia.api.security import system_guard
 from scrinalia.api.settings import ApiSettings, load_api_settings
 from scrinalia.domains.archive.workers.sdk import WorkerSpec
@@ -39,6 +39,7 @@ def system_router() -> APIRouter:
     router.include_router(runs.router)
     router.include_router(runners.router)
     router.include_router(schedules.router)
+    router.include_router(events.router)
     return router
 
 
@@ -65,7 +66,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        context.events.install_shutdown_hook()  # open event streams must not hold up a shutdown
         yield
+        await context.events.close()
         if context.owns_engine:
             context.engine.dispose()
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from argon2 import PasswordHasher
 from fastapi import Request
@@ -14,6 +15,9 @@ from scrinalia.domains.archive.workers.sdk import WorkerSpec
 from scrinalia.domains.identity.auth import LockoutPolicy
 from scrinalia.domains.identity.ratelimit import SlidingWindowLimiter
 from scrinalia.settings import Settings
+
+if TYPE_CHECKING:
+    from scrinalia.api.events import EventHub
 
 
 @dataclass
@@ -31,6 +35,14 @@ class AppContext:
         self.counts = CountsCache(self.api.counts_max_age_seconds)
         # The per-process brake (ADR 0014 decision 7); the durable lockout is in auth_users.
         self.login_limiter = SlidingWindowLimiter(self.api.login_rate_limit, self.api.login_rate_window_seconds)
+
+    @cached_property
+    def events(self) -> "EventHub":
+        """The process's one LISTEN connection for the live panel (opened with its first stream)."""
+        from scrinalia.api.events import EventHub
+        from scrinalia.db.engine import connect_args_for
+
+        return EventHub.for_engine(self.engine, **connect_args_for(self.settings, "scrinalia-api-events"))
 
     @cached_property
     def lockout(self) -> LockoutPolicy:

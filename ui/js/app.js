@@ -1,8 +1,11 @@
-// The panel's shell: the session, the header, the hash router and the polling rule.
+// The panel's shell: the session, the header, the hash router, live updates and the polling rule.
 //
-// Polling (ADR 0014): every 5 s while a run is active (RUNNING), every 15 s while runs are only
-// QUEUED, and not at all when idle. It resumes when the window gets the focus back, when the page
-// becomes visible again, and after any action (a run, a cancel, a drain, a filter).
+// Live updates (decision 0081): the API's event stream makes the current view refresh in place as the
+// ledger changes. Polling stays as the fallback: without the stream every 5 s while a run is RUNNING,
+// every 15 s while runs are only QUEUED, every 60 s when idle; with the stream a slow safety net
+// (30 s, 60 s idle). It resumes at once when the window gets the focus back, when the page becomes
+// visible again, and after any action (a run, a cancel, a drain, a filter). Relative times ("38 s
+// ago") tick every second.
 import { h, replace, announce } from './dom.js';
 import * as api from './api.js';
 import { AUTH } from './auth.js';
@@ -13,8 +16,12 @@ import * as runsView from './views/runs.js';
 import * as runView from './views/run.js';
 import * as failuresView from './views/failures.js';
 import * as runnersView from './views/runners.js';
+import { createLive } from './live.js';
+import { ago } from './format.js';
 
-export const INTERVALS = { running: 5000, queued: 15000, idle: null };
+export const INTERVALS = { running: 5000, queued: 15000, idle: 60000 };
+export const LIVE_INTERVALS = { running: 30000, queued: 30000, idle: 60000 };
+const TICK_MS = 1000;
 
 const session = { user: null };
 const main = document.getElementById('main');
@@ -68,10 +75,14 @@ const poller = {
     this.schedule();
   },
 
+  intervals() {
+    return live.connected ? LIVE_INTERVALS : INTERVALS;
+  },
+
   schedule() {
     clearTimeout(this.timer);
     this.timer = null;
-    const interval = INTERVALS[this.activity] ?? null;
+    const interval = this.intervals()[this.activity] ?? null;
     if (this.view && interval && !document.hidden) {
       this.timer = setTimeout(() => this.kick(), interval);
     }
@@ -79,21 +90,48 @@ const poller = {
   },
 
   render() {
-    const interval = INTERVALS[this.activity] ?? null;
+    const interval = this.intervals()[this.activity] ?? null;
     document.body.dataset.poll = this.view && interval ? this.activity : 'idle';
     document.body.dataset.pollInterval = this.view && interval ? String(interval / 1000) : '0';
+    document.body.dataset.live = live.connected ? 'on' : 'off';
     bar.hidden = !this.view || !this.view.refresh;
     const dot = h('span.dot', { class: this.activity, 'aria-hidden': 'true' });
     let text;
     if (this.error) text = `Could not refresh: ${this.error}`;
     else if (document.hidden) text = 'Paused while this tab is hidden';
+    else if (live.connected) text = 'Live: changes appear as they happen';
     else if (this.activity === 'running') text = 'A run is active: refreshing every 5 s';
     else if (this.activity === 'queued') text = 'Runs are queued: refreshing every 15 s';
-    else text = 'Nothing is active: not refreshing (it resumes on focus or on an action)';
+    else text = 'Nothing is active: refreshing every 60 s (and on focus or on an action)';
     const at = this.lastAt ? ` · updated ${this.lastAt.toLocaleTimeString()}` : '';
     replace(barState, dot, text, h('span.muted', at));
   },
 };
+
+// --- live updates ----------------------------------------------------------------------------------
+
+const live = createLive({
+  onChange() {
+    if (document.hidden) return; // becoming visible refreshes anyway
+    poller.kick();
+  },
+  onState() { poller.schedule(); },
+});
+
+function followSession() {
+  const user = session.user;
+  if (user && !user.mustChangePassword) live.start();
+  else live.stop();
+}
+
+// Relative times tick: every <time data-ago> is re-rendered each second from its datetime.
+setInterval(() => {
+  if (document.hidden) return;
+  for (const el of main.querySelectorAll('time[data-ago]')) {
+    const text = ago(el.getAttribute('datetime'));
+    if (el.textContent !== text) el.textContent = text;
+  }
+}, TICK_MS);
 
 window.addEventListener('focus', () => poller.kick());
 document.addEventListener('visibilitychange', () => {
@@ -122,6 +160,7 @@ function normaliseUser(data) {
 export function setUser(data) {
   session.user = normaliseUser(data);
   renderHeader();
+  followSession();
 }
 
 async function loadSession() {
@@ -139,6 +178,7 @@ async function logout() {
   api.setCsrf(null);
   session.user = null;
   renderHeader();
+  followSession();
   announce('Logged out');
   location.hash = '#/login';
 }
@@ -162,6 +202,7 @@ api.onUnauthorised(() => {
   if (session.user) announce('Your session has ended; please log in again.');
   session.user = null;
   renderHeader();
+  followSession();
   if (!location.hash.startsWith('#/login')) {
     sessionStorage.setItem('scrinalia.after-login', location.hash);
     location.hash = '#/login';

@@ -45,7 +45,8 @@ export function absolute(value) {
 export function timeEl(value, mode = 'ago') {
   if (!value) return h('span.muted', '—');
   const text = mode === 'abs' ? absolute(value) : ago(value);
-  return h('time', { datetime: value, title: absolute(value) }, text);
+  // data-ago: the shell re-renders it every second, so "38 s ago" does not stand still.
+  return h('time', { datetime: value, title: absolute(value), 'data-ago': mode === 'abs' ? false : '' }, text);
 }
 
 export function bytes(n) {

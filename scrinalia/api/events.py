@@ -1,0 +1,137 @@
+"""The live panel's relay: one LISTEN connection per API process, fanned out to every browser's stream.
+
+``EventHub`` owns a ``LedgerListener`` (the same non-blocking connection the runner uses), drives it
+from the event loop with ``add_reader``, and offers each notification to every subscriber's bounded
+queue. A browser that does not keep up never grows the process: when its queue is full, the queue is
+emptied and a single ``resync`` takes its place (the panel then re-reads everything). The connection
+is opened with the first subscriber, not at start, so an API that no panel watches listens to nothing.
+
+Uvicorn waits for open responses before it shuts down, and a stream never ends by itself: the hub
+chains the server's SIGTERM/SIGINT handler (``install_shutdown_hook``) and ends every stream first.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine
+
+from scrinalia.domains.archive.ledger_events import RESYNC, LedgerEvent, LedgerListener, conninfo_for
+
+log = logging.getLogger("scrinalia.api.events")
+
+QUEUE_SIZE = 256
+MAX_WAIT_SECONDS = 5.0
+CLOSED = LedgerEvent("closed")  # the hub is going away: end the stream (the browser reconnects)
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """One browser's stream: a bounded queue of events."""
+
+    queue: asyncio.Queue[LedgerEvent] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
+    overflows: int = 0
+
+    def offer(self, event: LedgerEvent) -> None:
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            # Too far behind: what is queued is stale anyway. One resync replaces it all.
+            self.overflows += 1
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queue.put_nowait(RESYNC if event is not CLOSED else CLOSED)
+
+
+class EventHub:
+    """The process's single LISTEN connection and its subscribers."""
+
+    def __init__(self, conninfo: str) -> None:
+        self.listener = LedgerListener(conninfo, name="api events")
+        self.subscribers: set[Subscriber] = set()
+        self.published = 0
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    @classmethod
+    def for_engine(cls, engine: Engine, **connect_args: Any) -> "EventHub":
+        return cls(conninfo_for(engine, **{"application_name": "scrinalia-api-events", **connect_args}))
+
+    @property
+    def listening(self) -> bool:
+        return self.listener.listening
+
+    def subscribe(self) -> Subscriber:
+        sub = Subscriber()
+        if self._closing:
+            sub.offer(CLOSED)
+            return sub
+        self.subscribers.add(sub)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="scrinalia-events")
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+
+    def end_streams(self) -> None:
+        """Every stream ends now (the server is shutting down); callable from the loop's thread only."""
+        self._closing = True
+        for sub in list(self.subscribers):
+            sub.offer(CLOSED)
+
+    async def close(self) -> None:
+        self.end_streams()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self.listener.close()
+
+    def install_shutdown_hook(self) -> None:
+        """Chain the server's SIGTERM/SIGINT handler: end the streams, then let the server do its part.
+        Only in the main thread (where uvicorn runs its loop); elsewhere (a test client) nothing to do."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                previous = signal.getsignal(sig)
+                if not callable(previous):
+                    continue
+
+                def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+                    loop.call_soon_threadsafe(self.end_streams)
+                    previous(signum, frame)
+
+                signal.signal(sig, handler)
+            except ValueError:  # not the main thread
+                return
+
+    def _publish(self, event: LedgerEvent) -> None:
+        self.published += 1
+        for sub in list(self.subscribers):
+            sub.offer(event)
+
+    async def _run(self) -> None:
+        """Drive the listener from the loop: wait for its socket (or its next due moment), step, fan out."""
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            for event in self.listener.step():
+                self._publish(event)
+            fd = self.listener.fileno()
+            timeout = max(0.0, min(self.listener.due_at() - time.monotonic(), MAX_WAIT_SECONDS))
+            if fd is None:
+                await asyncio.sleep(timeout)
+                continue
+            readable = loop.create_future()
+            loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+            try:
+                await asyncio.wait_for(readable, timeout)
+            except (TimeoutError, asyncio.TimeoutError):
+                pass
+            finally:
+                loop.remove_reader(fd)

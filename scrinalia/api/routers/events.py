@@ -1,0 +1,79 @@
+"""/api/v1/system/events: the ledger's changes as one Server-Sent Events stream per browser.
+
+Authenticated like every /system route (the session cookie travels with ``EventSource``; a script may
+use its bearer token). The stream carries what the ledger announced, never a row:
+
+    event: run      data: {"kind": "run", "run_id": ..., "worker": ..., "status": ..., "cancel": false}
+    event: runner   data: {"kind": "runner", "runner_id": ...}
+    event: resync   data: {"kind": "resync"}       (the panel re-reads: something may have been missed)
+
+It opens with ``event: hello`` (``listening`` says whether the hub hears the database now) and a
+``retry`` of 2 s; a comment line every 15 s keeps proxies from closing it. There is no replay: a browser
+that reconnects does a full refresh instead, which is what ``hello`` asks for. A stream lasts at most
+five minutes and never past its session's expiry, so a revoked or expired session stops receiving
+within that time (the browser reconnects and the guard checks the session again).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from scrinalia.api.context import ctx
+from scrinalia.api.events import CLOSED
+from scrinalia.api.schemas import SYSTEM_ERRORS
+from scrinalia.api.security import Principal, system_guard
+
+router = APIRouter(tags=["events"])
+
+KEEPALIVE_SECONDS = 15.0
+STREAM_MAX_SECONDS = 300.0
+RETRY_MS = 2000
+
+
+def _frame(event: str, data: dict, event_id: int | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+@router.get(
+    "/events",
+    responses={**SYSTEM_ERRORS, 200: {"content": {"text/event-stream": {}},
+                                      "description": "Server-Sent Events: run, runner, resync, hello"}},
+    summary="The ledger's changes as Server-Sent Events (the live panel)",
+)
+async def events(request: Request, principal: Principal = Depends(system_guard)) -> StreamingResponse:
+    hub = ctx(request).events
+    expires_at = principal.session.expires_at
+    seconds_left = (expires_at - datetime.now(timezone.utc)).total_seconds() if expires_at else STREAM_MAX_SECONDS
+    ends_at = time.monotonic() + max(1.0, min(STREAM_MAX_SECONDS, seconds_left))
+
+    async def stream() -> AsyncIterator[str]:
+        sub = hub.subscribe()
+        sequence = 0
+        try:
+            yield f"retry: {RETRY_MS}\n\n"
+            yield _frame("hello", {"kind": "hello", "listening": hub.listening})
+            while True:
+                left = ends_at - time.monotonic()
+                if left <= 0:
+                    return
+                try:
+                    event = await asyncio.wait_for(sub.queue.get(), min(KEEPALIVE_SECONDS, left))
+                except (TimeoutError, asyncio.TimeoutError):
+                    yield ": keep-alive\n\n"
+                    continue
+                if event is CLOSED:
+                    return
+                sequence += 1
+                yield _frame(event.kind, event.to_json(), sequence)
+        finally:
+            hub.unsubscribe(sub)
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache, no-store", "X-Accel-Buffering": "no"})
