@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,6 +95,8 @@ class RunnerControl:
             sys.executable, "-m", "scrinalia.domains.archive.workers.runner_daemon",
             "--name", self.name, "--capabilities", "panel-slow,panel-crash",
             "--concurrency", "2", "--heartbeat", "1", "--lease", "6", "--poll", "0.5", "--drain-timeout", "5",
+            # A socket of its own: another test session on this host may run a "panel-runner" too.
+            "--socket", str(Path(tempfile.gettempdir()) / f"scrinalia-panel-{os.getpid()}-{self.name}.sock"),
         ]
         self.proc = Proc("runner", argv, _env(self.database_url))
         return self

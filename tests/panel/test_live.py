@@ -48,12 +48,26 @@ def _api_events_backends(engine: Engine) -> int:
             "AND datname = current_database()")).scalar_one()
 
 
-def _read_events(response, want, timeout: float = 20.0) -> list[tuple[str, str]]:
-    """(event, data) pairs off an SSE response until ``want(pairs)`` holds."""
+def _wait_serving(engine: Engine, name: str, timeout: float = 90) -> None:
+    """The runner's loop runs (its first heartbeat came after its fork server was ready)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            if conn.execute(text(
+                "SELECT count(*) FROM archive_worker_runners WHERE name = :n AND stopped_at IS NULL "
+                "AND last_heartbeat_at > started_at"), {"n": name}).scalar_one():
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"the runner {name} does not serve within {timeout} s")
+
+
+def _read_events(lines, want, timeout: float = 20.0) -> list[tuple[str, str]]:
+    """(event, data) pairs off an SSE response's line iterator until ``want(pairs)`` holds (the stream's
+    15 s keep-alive bounds each read)."""
     pairs: list[tuple[str, str]] = []
     event = None
     deadline = time.monotonic() + timeout
-    for line in response.iter_lines():
+    for line in lines:
         if line.startswith("event: "):
             event = line[len("event: "):]
         elif line.startswith("data: ") and event:
@@ -75,12 +89,13 @@ def test_the_event_stream_needs_a_session_and_shares_one_listen_connection(live_
         with client.stream("GET", "/api/v1/system/events") as first, \
                 client.stream("GET", "/api/v1/system/events") as second:
             assert first.status_code == 200 and first.headers["content-type"].startswith("text/event-stream")
-            _read_events(first, lambda p: p and p[0][0] == "hello")
-            _read_events(second, lambda p: p and p[0][0] == "hello")
+            streams = [first.iter_lines(), second.iter_lines()]
+            for lines in streams:
+                _read_events(lines, lambda p: p and p[0][0] == "hello")
             ensure_idle(panel_engine, "panel-crash")
             run = ledger.enqueue(panel_engine, "panel-crash", {}, trigger="SCHEDULE")
-            for stream in (first, second):
-                pairs = _read_events(stream, lambda p: any(str(run.run_id) in d for _, d in p))
+            for lines in streams:
+                pairs = _read_events(lines, lambda p: any(str(run.run_id) in d for _, d in p))
                 assert any(e == "run" and '"status":"QUEUED"' in d for e, d in pairs), pairs
             # Two browsers, one LISTEN connection in the API process.
             assert _api_events_backends(panel_engine) == 1
@@ -127,6 +142,7 @@ def test_press_run_and_watch_it_live(page, panel_engine, runner_control, panel_d
     ensure_idle(panel_engine, "panel-slow")
     runner_control.start()
     runner_control.wait_registered(panel_engine)
+    _wait_serving(panel_engine, runner_control.name)
     login(page, *ADMIN)
     expect(page.get_by_role("heading", name="Workers")).to_be_visible()
     expect(page.locator("body")).to_have_attribute("data-live", "on")
@@ -134,10 +150,11 @@ def test_press_run_and_watch_it_live(page, panel_engine, runner_control, panel_d
     expect(slow).to_have_attribute("data-state", "idle")
     page.evaluate(TRAIL, "panel-slow")
 
-    enqueue_from_card(page, "panel-slow", units=16, delay=0.4)  # 8 batches of 2: about 3 s
+    enqueue_from_card(page, "panel-slow", units=20, delay=0.5)  # 10 batches of 2: about 5 s
+    wait_db(panel_engine, "panel-slow", lambda r: r["status"] == "RUNNING", 30, "RUNNING")
     expect(slow).to_have_attribute("data-state", "running", timeout=LIVE_BOUND_MS)
     bar = slow.get_by_role("progressbar")
-    expect(bar).to_have_attribute("aria-valuemax", "16", timeout=LIVE_BOUND_MS)
+    expect(bar).to_have_attribute("aria-valuemax", "20", timeout=LIVE_BOUND_MS)
     shot(page, "live-02-running")
     expect(slow).to_have_attribute("data-state", "idle", timeout=30_000)
     expect(slow.locator(".facts")).to_contain_text("SUCCESS")
