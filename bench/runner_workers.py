@@ -10,6 +10,12 @@ def run_noop(ctx):
     return {"noop": True}
 
 
+def run_stamp(ctx):
+    """Its first line takes the wall clock: bench/bench_live.py's pick-up latency ends here."""
+    first_line_at = time.time()
+    return {"first_line_at": first_line_at}
+
+
 def run_hang(ctx):
     while True:
         time.sleep(0.1)
@@ -20,5 +26,5 @@ def _spec(name, run):
                       accepts_extra_options=True)
 
 
-ALL = [_spec("bench-noop", run_noop), _spec("bench-hang", run_hang),
+ALL = [_spec("bench-noop", run_noop), _spec("bench-stamp", run_stamp), _spec("bench-hang", run_hang),
        *[_spec(f"bench-hang-{i:02d}", run_hang) for i in range(16)]]
