@@ -65,7 +65,7 @@ def pickup_latency(url, engine, tmp, listen: bool, samples: int) -> list[float]:
     daemon = Daemon(url, tmp, name, *flags)
     try:
         _wait_serving(engine, [name])
-        values = []
+        values, claims, ready = [], [], []
         for i in range(samples + 1):
             time.sleep(random.uniform(0.1, 2.1))  # a random phase against the 2 s poll
             run = ledger.enqueue(engine, "bench-stamp", {})
@@ -74,7 +74,9 @@ def pickup_latency(url, engine, tmp, listen: bool, samples: int) -> list[float]:
             assert done.status == "SUCCESS", done.error
             if i:  # the first one warms the caches
                 values.append((done.result["first_line_at"] - committed) * 1000)
-        return values
+                claims.append((done.started_at.timestamp() - committed) * 1000)  # one host: one clock
+                ready.append(done.metrics["child_ready_ms"])
+        return values, claims, ready
     finally:
         daemon.stop()
 
@@ -179,9 +181,11 @@ def main() -> None:
     with bench_database("bench_live") as url, tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         engine = create_engine_from_url(url)
-        listen = pickup_latency(url, engine, tmp, True, args.pickup_samples)
-        poll = pickup_latency(url, engine, tmp, False, args.pickup_samples)
-        results["pickup_ms"] = {"notifications": _summary(listen), "poll_only_2s": _summary(poll)}
+        results["pickup_ms"] = {}
+        for label, listen in (("notifications", True), ("poll_only_2s", False)):
+            first_line, claim, ready = pickup_latency(url, engine, tmp, listen, args.pickup_samples)
+            results["pickup_ms"][label] = {**_summary(first_line), "claim_p50": round(percentile(claim, 0.5), 1),
+                                           "child_ready_p50": round(percentile(ready, 0.5), 1)}
         results["panel_latency_ms"] = _summary(panel_latency(url, engine, args.panel_samples))
         results["idle_statements_per_s"] = {
             "runners": args.idle_runners, "window_s": args.idle_window,

@@ -3,7 +3,9 @@
 ``EventHub`` owns a ``LedgerListener`` (the same non-blocking connection the runner uses), drives it
 from the event loop with ``add_reader``, and offers each notification to every subscriber's bounded
 queue. A browser that does not keep up never grows the process: when its queue is full, the queue is
-emptied and a single ``resync`` takes its place (the panel then re-reads everything). The connection
+emptied and a single ``resync`` takes its place (the panel then re-reads everything). When the LISTEN
+connection is lost the streams get ``offline`` (the panel polls at its fallback pace) and, once it is
+back, ``resync``. The connection
 is opened with the first subscriber, not at start, so an API that no panel watches listens to nothing.
 
 Uvicorn waits for open responses before it shuts down, and a stream never ends by itself: the hub
@@ -27,7 +29,8 @@ log = logging.getLogger("scrinalia.api.events")
 
 QUEUE_SIZE = 256
 MAX_WAIT_SECONDS = 5.0
-CLOSED = LedgerEvent("closed")  # the hub is going away: end the stream (the browser reconnects)
+CLOSED = LedgerEvent("closed")    # the hub is going away: end the stream (the browser reconnects)
+OFFLINE = LedgerEvent("offline")  # the LISTEN connection is lost: the panel polls until the next resync
 
 
 @dataclass(eq=False)
@@ -120,8 +123,11 @@ class EventHub:
         """Drive the listener from the loop: wait for its socket (or its next due moment), step, fan out."""
         loop = asyncio.get_running_loop()
         while not self._closing:
+            was_listening = self.listener.listening
             for event in self.listener.step():
                 self._publish(event)
+            if was_listening and not self.listener.listening:
+                self._publish(OFFLINE)
             fd = self.listener.fileno()
             timeout = max(0.0, min(self.listener.due_at() - time.monotonic(), MAX_WAIT_SECONDS))
             if fd is None:

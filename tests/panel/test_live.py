@@ -20,7 +20,7 @@ from sqlalchemy import Engine, text
 from scrinalia.domains.archive import ledger
 from tests.panel.conftest import _env
 from tests.panel.helpers import ADMIN, REPO, login, shot
-from tests.panel.test_panel import card, enqueue_from_card, ensure_idle, last_run, wait_db
+from tests.panel.test_panel import card, enqueue_from_card, ensure_idle, wait_db
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

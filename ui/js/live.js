@@ -11,6 +11,10 @@ import { BASE } from './api.js';
 const RETRY_MIN_MS = 2000;
 const RETRY_MAX_MS = 60000;
 
+function parse(ev, kind) {
+  try { return JSON.parse(ev.data); } catch { return { kind }; }
+}
+
 export function createLive({ onChange, onState }) {
   let source = null;
   let wanted = false;
@@ -29,17 +33,16 @@ export function createLive({ onChange, onState }) {
     retryTimer = null;
     if (!wanted || source) return;
     source = new EventSource(`${BASE}/system/events`, { withCredentials: true });
-    source.addEventListener('hello', () => {
+    // "Connected" means the stream is open AND the API hears the database: only then may the poll slow.
+    source.addEventListener('hello', (ev) => {
       retryMs = RETRY_MIN_MS;
-      setConnected(true);
+      setConnected(Boolean(parse(ev, 'hello').listening));
       onChange({ kind: 'hello' });
     });
-    for (const kind of ['run', 'runner', 'resync']) {
-      source.addEventListener(kind, (ev) => {
-        let data = null;
-        try { data = JSON.parse(ev.data); } catch { data = { kind }; }
-        onChange(data);
-      });
+    source.addEventListener('offline', () => setConnected(false));
+    source.addEventListener('resync', (ev) => { setConnected(true); onChange(parse(ev, 'resync')); });
+    for (const kind of ['run', 'runner']) {
+      source.addEventListener(kind, (ev) => onChange(parse(ev, kind)));
     }
     source.addEventListener('error', () => {
       setConnected(false);

@@ -5,7 +5,8 @@ use its bearer token). The stream carries what the ledger announced, never a row
 
     event: run      data: {"kind": "run", "run_id": ..., "worker": ..., "status": ..., "cancel": false}
     event: runner   data: {"kind": "runner", "runner_id": ...}
-    event: resync   data: {"kind": "resync"}       (the panel re-reads: something may have been missed)
+    event: resync   data: {"kind": "resync"}       (listening (again): re-read, something may have been missed)
+    event: offline  data: {"kind": "offline"}      (the API lost its LISTEN: poll until the next resync)
 
 It opens with ``event: hello`` (``listening`` says whether the hub hears the database now) and a
 ``retry`` of 2 s; a comment line every 15 s keeps proxies from closing it. There is no replay: a browser
