@@ -43,6 +43,11 @@ class ApiSettings(BaseSettings):
         description="0 (default): compute the per-worker unit counts on every request; > 0: serve them up to "
                     "this old while one thread refreshes them (an opt-in for archives far beyond 100k documents)",
     )
+    events_stream_seconds: float = Field(
+        default=300.0, ge=0, le=3600,
+        description="How long one live-panel event stream lasts before the browser reconnects (and the "
+                    "session is checked again); 0 ends it right after its hello",
+    )
     ui_dir: str | None = Field(default=None, description="Static panel directory; default: ui/ of the checkout when present")
 
 

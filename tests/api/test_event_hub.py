@@ -37,3 +37,13 @@ def test_ending_the_streams_reaches_every_subscriber(engine) -> None:
         await hub.close()
 
     asyncio.run(scenario())
+
+
+def test_the_stream_opens_with_its_retry_and_hello(client, viewer_headers) -> None:
+    # events_stream_seconds=0 here: the stream ends right after its hello (the live test keeps one open).
+    r = client.get("/api/v1/system/events", headers=viewer_headers)
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert r.headers["cache-control"].startswith("no-cache")
+    assert r.text.startswith("retry: 2000\n\nevent: hello\ndata: {\"kind\":\"hello\",\"listening\":")
+    assert client.get("/api/v1/system/events").status_code == 401

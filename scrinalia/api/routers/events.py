@@ -11,7 +11,7 @@ use its bearer token). The stream carries what the ledger announced, never a row
 It opens with ``event: hello`` (``listening`` says whether the hub hears the database now) and a
 ``retry`` of 2 s; a comment line every 15 s keeps proxies from closing it. There is no replay: a browser
 that reconnects does a full refresh instead, which is what ``hello`` asks for. A stream lasts at most
-five minutes and never past its session's expiry, so a revoked or expired session stops receiving
+``API_EVENTS_STREAM_SECONDS`` (300) and never past its session's expiry, so a revoked or expired session stops receiving
 within that time (the browser reconnects and the guard checks the session again).
 """
 from __future__ import annotations
@@ -33,7 +33,6 @@ from scrinalia.api.security import Principal, system_guard
 router = APIRouter(tags=["events"])
 
 KEEPALIVE_SECONDS = 15.0
-STREAM_MAX_SECONDS = 300.0
 RETRY_MS = 2000
 
 
@@ -49,10 +48,12 @@ def _frame(event: str, data: dict, event_id: int | None = None) -> str:
     summary="The ledger's changes as Server-Sent Events (the live panel)",
 )
 async def events(request: Request, principal: Principal = Depends(system_guard)) -> StreamingResponse:
-    hub = ctx(request).events
+    context = ctx(request)
+    hub = context.events
     expires_at = principal.session.expires_at
-    seconds_left = (expires_at - datetime.now(timezone.utc)).total_seconds() if expires_at else STREAM_MAX_SECONDS
-    ends_at = time.monotonic() + max(1.0, min(STREAM_MAX_SECONDS, seconds_left))
+    lifetime = context.api.events_stream_seconds
+    seconds_left = (expires_at - datetime.now(timezone.utc)).total_seconds() if expires_at else lifetime
+    ends_at = time.monotonic() + max(0.0, min(lifetime, seconds_left))
 
     async def stream() -> AsyncIterator[str]:
         sub = hub.subscribe()
