@@ -532,7 +532,7 @@ class Supervisor:
             return
         news = self.wakeup.read()
         now = time.monotonic()
-        if news.claim:
+        if news.claim and self._may_claim():  # busy, draining or fenced: the poll would claim nothing
             self.next_poll = min(self.next_poll, now)
         if any(c.run.run_id in news.cancelled and c.cancel_sent_at is None for c in self.children.values()):
             self.next_heartbeat = min(self.next_heartbeat, now)
