@@ -8,6 +8,7 @@ the test workers and the runner can run them. Process logs go to ``test-artifact
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,6 +84,7 @@ class RunnerControl:
         self.database_url = database_url
         self.name = name
         self.proc: Proc | None = None
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="scrinalia-panel-runner-"))
 
     @property
     def running(self) -> bool:
@@ -95,8 +97,9 @@ class RunnerControl:
             sys.executable, "-m", "scrinalia.domains.archive.workers.runner_daemon",
             "--name", self.name, "--capabilities", "panel-slow,panel-crash",
             "--concurrency", "2", "--heartbeat", "1", "--lease", "6", "--poll", "0.5", "--drain-timeout", "5",
-            # A socket of its own: another test session on this host may run a "panel-runner" too.
-            "--socket", str(Path(tempfile.gettempdir()) / f"scrinalia-panel-{os.getpid()}-{self.name}.sock"),
+            # A socket of its own, in a directory of its own (the runner makes its socket's directory 0700):
+            # another test session on this host may run a "panel-runner" too.
+            "--socket", str(self.socket_dir / f"{self.name}.sock"),
         ]
         self.proc = Proc("runner", argv, _env(self.database_url))
         return self
@@ -118,6 +121,9 @@ class RunnerControl:
         if self.proc is not None:
             self.proc.stop(30)
             self.proc = None
+
+    def remove_socket_dir(self) -> None:
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +170,7 @@ def runner_control(panel_database_url: str) -> Iterator[RunnerControl]:
     control = RunnerControl(panel_database_url)
     yield control
     control.stop()
+    control.remove_socket_dir()
 
 
 @pytest.fixture(scope="session")
