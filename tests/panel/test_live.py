@@ -179,3 +179,34 @@ def test_press_run_and_watch_it_live(page, panel_engine, runner_control, panel_d
     print(f"\nlive panel: RUNNING shown {seen_running - float(row.started):.0f} ms after the claim, "
           f"SUCCESS shown {seen_done - float(row.finished):.0f} ms after the finish; "
           f"{len(progress)} progress values seen")
+
+
+def test_an_open_stream_does_not_hold_up_the_api_shutdown(panel_database_url, panel_users):
+    """Uvicorn waits for open responses before it exits; the hub ends its streams on SIGTERM first."""
+    import signal as signals
+
+    from scrinalia.cli.dev import wait_http
+    from scrinalia.db.local_cluster import free_port
+    from tests.panel.conftest import Proc
+
+    port = free_port()
+    proc = Proc("api-shutdown", [sys.executable, "-m", "uvicorn", "scrinalia.api.app:create_app", "--factory",
+                                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                _env(panel_database_url))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_http(f"{base}/healthz", 60, alive=proc.alive), proc.tail()
+        with httpx.Client(base_url=base, timeout=30) as client:
+            assert client.post("/api/v1/auth/login", json={"email": ADMIN[0], "password": ADMIN[1]}).status_code == 200
+            with client.stream("GET", "/api/v1/system/events") as stream:
+                lines = stream.iter_lines()
+                _read_events(lines, lambda p: p and p[0][0] == "hello")
+                proc.proc.send_signal(signals.SIGTERM)
+                rest, deadline = [], time.monotonic() + 20
+                for line in lines:  # the server ends the stream; without the hook only a keep-alive comes
+                    rest.append(line)
+                    assert time.monotonic() < deadline, f"the stream outlived the shutdown: {rest}"
+        assert all(not line.startswith("event: run") for line in rest)
+        assert proc.proc.wait(30) in (0, -signals.SIGTERM), proc.tail()  # uvicorn re-raises the signal
+    finally:
+        proc.stop()
