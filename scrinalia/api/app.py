@@ -19,7 +19,9 @@ from sqlalchemy import Engine
 
 from scrinalia.api import catalogue_view, errors
 from scrinalia.api.context import AppContext
+from scrinalia.api.middleware import SecurityHeaders, trusted_proxies
 from scrinalia.api.routers import auth, health, runners, runs, schedules, workers
+from scrinalia.api.schemas import storable_inputs
 from scrinalia.api.security import system_guard
 from scrinalia.api.settings import ApiSettings, load_api_settings
 from scrinalia.domains.archive.workers.sdk import WorkerSpec
@@ -78,12 +80,14 @@ def create_app(
             "cookie, need the X-CSRF-Token header. Errors: {\"error\": code, \"message\": ..., \"fields\"?: {...}}."
         ),
         openapi_url=f"{API_PREFIX}/openapi.json",
-        docs_url=f"{API_PREFIX}/docs",
+        docs_url=None,  # no interactive docs: swagger-ui would come from a CDN (docs/decisions/0058)
         redoc_url=None,
         lifespan=lifespan,
+        dependencies=[Depends(storable_inputs)],
     )
     app.state.ctx = context
     errors.install(app)
+    _wrap_every_answer(app, api.proxy_networks)
 
     app.include_router(health.router)  # /healthz, /metrics (no session)
     v1 = APIRouter(prefix=API_PREFIX)
@@ -100,6 +104,17 @@ def create_app(
 
         app.mount("/", StaticFiles(directory=directory, html=True), name="ui")
     return app
+
+
+def _wrap_every_answer(app: FastAPI, proxy_networks: list[str]) -> None:
+    """The forwarded-header rewrite (trusted proxies only) and the security headers around Starlette's
+    whole stack, its own 500 answer included (``add_middleware`` would sit inside that one)."""
+    build = app.build_middleware_stack
+
+    def build_wrapped():
+        return trusted_proxies(SecurityHeaders(build()), proxy_networks)
+
+    app.build_middleware_stack = build_wrapped  # type: ignore[method-assign]
 
 
 def api_routes(app: FastAPI) -> list[tuple[str, set[str], object]]:

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from scrinalia.api.catalogue_view import CountsCache
 from scrinalia.api.settings import ApiSettings
 from scrinalia.domains.archive.workers.sdk import WorkerSpec
-from scrinalia.domains.identity.auth import LockoutPolicy
+from scrinalia.domains.identity.lockout import LockoutPolicy, Pruner
 from scrinalia.domains.identity.ratelimit import SlidingWindowLimiter
 from scrinalia.settings import Settings
 
@@ -25,6 +25,7 @@ class AppContext:
     hasher: PasswordHasher | None = None  # None: the default argon2id profile
     owns_engine: bool = False
     login_limiter: SlidingWindowLimiter = field(init=False)
+    lockout_pruner: Pruner = field(default_factory=Pruner)
     counts: CountsCache = field(init=False)
 
     def __post_init__(self) -> None:

@@ -255,6 +255,7 @@ def api_argv(host: str, port: int) -> list[str]:
     return [
         sys.executable, "-m", "uvicorn", "scrinalia.api.app:create_app", "--factory",
         "--host", host, "--port", str(port), "--no-access-log", "--log-level", "info", "--no-server-header",
+        "--no-proxy-headers",  # forwarded headers: API_TRUSTED_PROXIES only (scrinalia.api.middleware)
     ]
 
 

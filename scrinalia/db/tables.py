@@ -74,9 +74,6 @@ auth_users = Table(
     Column("role", user_role, nullable=False, server_default="VIEWER"),
     Column("is_active", Boolean, nullable=False, server_default=text("true")),
     Column("must_change_password", Boolean, nullable=False, server_default=text("false")),
-    Column("failed_attempts", Integer, nullable=False, server_default=text("0")),
-    Column("lockout_count", Integer, nullable=False, server_default=text("0")),
-    Column("locked_until", TS),
     Column("last_login_at", TS),
     Column("created_at", TS, nullable=False, server_default=func.now()),
     Column("updated_at", TS, nullable=False, server_default=func.now()),
@@ -97,6 +94,32 @@ auth_sessions = Table(
     Column("client_address", Text),
     Column("user_agent", Text),
     Index("ix_auth_sessions_user", "user_id"),
+)
+
+# Login attempts (migration 0005): one bucket per account (SHA-256 of the normalised e-mail, known or
+# not) or per trusted device, claimed before a password is checked (docs/security.md).
+auth_login_throttle = Table(
+    "auth_login_throttle",
+    metadata,
+    Column("scope", Text, primary_key=True),
+    Column("key_sha256", Text, primary_key=True),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("lockout_count", Integer, nullable=False, server_default=text("0")),
+    Column("locked_until", TS),
+    Column("updated_at", TS, nullable=False, server_default=func.now()),
+    CheckConstraint("scope IN ('account', 'device')", name="ck_auth_login_throttle_scope"),
+    Index("ix_auth_login_throttle_updated", "updated_at"),
+)
+
+auth_devices = Table(
+    "auth_devices",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("token_sha256", Text, nullable=False, unique=True),
+    Column("user_id", BigInteger, ForeignKey("auth_users.id", ondelete="CASCADE"), nullable=False),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("expires_at", TS, nullable=False),
+    Index("ix_auth_devices_user", "user_id"),
 )
 
 # --- the runner registry --------------------------------------------------------------------------

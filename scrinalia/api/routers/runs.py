@@ -34,7 +34,7 @@ def list_runs(
     c = ctx(request)
     before_id = None
     if cursor is not None:
-        if not cursor.isdigit():
+        if not (cursor.isascii() and cursor.isdigit()):  # "²".isdigit() is true, int("²") is not
             raise field_errors({"cursor": "is not a cursor of this list"})
         before_id = int(cursor)
     runs, next_cursor = views.list_runs(
