@@ -91,7 +91,7 @@ export function mount(main, route, ctx) {
           class: pct === null ? 'indeterminate' : '', role: 'progressbar', 'aria-labelledby': 'prog-h',
           'aria-valuemin': '0', 'aria-valuemax': p.total ? String(p.total) : false,
           'aria-valuenow': p.total ? String(p.done) : false, 'aria-valuetext': label,
-        }, h('span', { style: `width: ${pct ?? 0}%` })),
+        }, h('span', { style: { width: `${pct ?? 0}%` } })),
         h('p.small', label, pct !== null ? ` (${pct}%)` : '', eta ? ` · ${eta}` : '')));
     }
     if (run.cancel_requested_at && active) {

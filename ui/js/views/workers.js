@@ -142,7 +142,7 @@ export function mount(main, _route, ctx) {
         'aria-valuemax': p.total ? String(p.total) : false,
         'aria-valuenow': p.total ? String(p.done) : false,
         'aria-valuetext': label,
-      }, h('span', { style: `width: ${pct ?? 0}%` })));
+      }, h('span', { style: { width: `${pct ?? 0}%` } })));
       const eta = etaText(run);
       parts.push(h('div.small.progress-text', label, pct !== null ? ` (${pct}%)` : '', eta ? ` · ${eta}` : ''));
     }
