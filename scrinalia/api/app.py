@@ -4,6 +4,8 @@
 
 Stateless across processes: sessions, lockouts, the queue and the settings live in PostgreSQL; the only
 per-process state is the login rate limiter (a brake, ADR 0014 decision 7) and the connection pool.
+Every answer carries the security headers; forwarded headers count only from API_TRUSTED_PROXIES
+(``scrinalia.api.middleware``, docs/security.md).
 The API never runs a worker and never imports ``runner``, torch or transformers.
 """
 from __future__ import annotations
@@ -89,7 +91,7 @@ def create_app(
     errors.install(app)
     _wrap_every_answer(app, api.proxy_networks)
 
-    app.include_router(health.router)  # /healthz, /metrics (no session)
+    app.include_router(health.router)  # /healthz (no session), /metrics (scrape token or ADMIN session)
     v1 = APIRouter(prefix=API_PREFIX)
     v1.include_router(auth.router)
     v1.include_router(system_router())
