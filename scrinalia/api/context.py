@@ -30,7 +30,7 @@ class AppContext:
 
     def __post_init__(self) -> None:
         self.counts = CountsCache(self.api.counts_max_age_seconds)
-        # The per-process brake (ADR 0014 decision 7); the durable lockout is in auth_users.
+        # The per-process brake (ADR 0014 decision 7); the durable lockout is in auth_login_throttle.
         self.login_limiter = SlidingWindowLimiter(self.api.login_rate_limit, self.api.login_rate_window_seconds)
 
     @cached_property

@@ -71,6 +71,9 @@ def test_users_commands(database_url, engine):
         hashed = conn.execute(text("SELECT password_hash FROM auth_users WHERE email = 'root@example.org'")).scalar()
     assert hashed.startswith("$argon2id$")
 
+    listing = next(line for line in _cli(database_url, "users", "list").output.splitlines()
+                   if line.startswith("root@example.org"))
+    assert "T" in listing.split()[4]  # LOCKED-UNTIL: the account bucket's lock, as a timestamp
     r = _cli(database_url, "users", "reset-password", "root@example.org", "--password-stdin",
              input="a fresh passphrase here\n")
     assert r.exit_code == 0, r.output

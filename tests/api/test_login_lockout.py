@@ -163,3 +163,20 @@ def test_thirty_concurrent_wrong_logins_against_two_processes_check_at_most_five
                     assert sorted(_shape(a) for a in answers) == known
                 with engine.begin() as conn:  # the next burst starts from a clean account lock
                     conn.execute(text("DELETE FROM auth_login_throttle WHERE scope = 'account'"))
+
+
+def test_idle_buckets_are_pruned_and_live_locks_kept(engine):
+    from scrinalia.domains.identity.lockout import Bucket, LockoutPolicy, Pruner, claim
+
+    policy = LockoutPolicy(threshold=1, base_seconds=60, max_seconds=60)
+    claim(engine, Bucket.account("idle@example.org"), policy)
+    claim(engine, Bucket.account("locked@example.org"), policy)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE auth_login_throttle SET updated_at = now() - interval '1 hour', "
+                          "locked_until = CASE WHEN key_sha256 = :idle THEN now() - interval '1 minute' "
+                          "ELSE now() + interval '1 minute' END"),
+                     {"idle": Bucket.account("idle@example.org").key_sha256})
+    Pruner(every=1).tick(engine, policy)
+    with engine.connect() as conn:
+        left = conn.execute(text("SELECT key_sha256 FROM auth_login_throttle")).scalars().all()
+    assert left == [Bucket.account("locked@example.org").key_sha256]
