@@ -6,10 +6,11 @@ from __future__ import annotations
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
 from scrinalia.api.settings import load_api_settings
 from scrinalia.settings import SettingsError
-from tests.api.conftest import PASSWORD, add_user, bearer, make_app
+from tests.api.conftest import PASSWORD, add_user, make_app
 from tests.api.live import live_api
 
 TOKEN = "a-scrape-token-of-some-length"
@@ -80,12 +81,6 @@ def test_a_configured_proxy_is_believed(database_url, engine):
                             json={"email": "rl@example.org", "password": PASSWORD, "issue_token": True})
             assert r.status_code == 200
     assert codes == [401] * 5, codes
-    from sqlalchemy import text
-
     with engine.connect() as conn:
         assert conn.execute(text("SELECT client_address FROM auth_sessions")).scalar_one() == "198.51.100.77"
 
-
-def test_bearer_helper_still_works(client, engine):  # the fixtures' login path is untouched by the guard
-    add_user(engine, "plain@example.org")
-    assert bearer(client, "plain@example.org")["Authorization"].startswith("Bearer ")

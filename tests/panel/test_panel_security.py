@@ -68,7 +68,6 @@ def test_the_panel_does_not_render_in_a_frame_of_another_origin(browser, live_ap
         console: list[str] = []
         page.on("console", lambda msg: console.append(msg.text))
         page.goto(other_origin)
-        frames = {f.name or f.url: f for f in page.frames if f != page.main_frame}
         assert len(page.frames) == 3, [f.url for f in page.frames]
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and sum("frame-ancestors" in m or "X-Frame-Options" in m
@@ -81,7 +80,6 @@ def test_the_panel_does_not_render_in_a_frame_of_another_origin(browser, live_ap
             assert frame.locator("button").count() == 0
             assert frame.locator("text=Workers").count() == 0
         assert sum("frame-ancestors" in m for m in console) >= 2, console
-        assert frames
     finally:
         context.close()
 
