@@ -17,7 +17,7 @@ def command() -> None:
 @click.argument("revision", default="head")
 def upgrade(revision: str) -> None:
     """Migrate DATABASE_URL up to REVISION (default: head)."""
-    migrate.upgrade(get_settings().require_database_url().render(), revision)
+    migrate.upgrade(get_settings().require_database_url(), revision)
     click.echo(f"database at {revision}")
 
 

@@ -2,8 +2,10 @@
 autovacuum naptime), made with the same installed binaries as the session's cluster."""
 from __future__ import annotations
 
+import shutil
 import subprocess
-from collections.abc import Iterator, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,13 +14,24 @@ from scrinalia.db.local_cluster import LocalCluster
 
 
 @contextmanager
-def private_cluster(root: Path, settings: Mapping[str, str] | None = None) -> Iterator[LocalCluster]:
-    cluster = LocalCluster.create(root)
-    cluster.start(fsync=False, max_connections=40, settings=settings)
+def private_cluster(
+    settings: Mapping[str, str] | None = None,
+    before_start: Callable[[Path], Mapping[str, str]] | None = None,
+) -> Iterator[LocalCluster]:
+    """A started cluster under a new directory outside pytest's basetemp (a pytest session of its
+    own resets that to 0700, which would lock the postgres user out). ``before_start(root)`` may
+    write files there (certificates) and return more settings."""
+    root = Path(tempfile.mkdtemp(prefix="scrinalia-pgx-"))
+    cluster = LocalCluster.create(root / "cluster")
     try:
+        extra = dict(settings or {})
+        if before_start is not None:
+            extra.update(before_start(root))
+        cluster.start(fsync=False, max_connections=40, settings=extra)
         yield cluster
     finally:
         cluster.destroy()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def create_database(cluster: LocalCluster, name: str, *, migrated: bool = True) -> str:

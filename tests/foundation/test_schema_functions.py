@@ -88,9 +88,9 @@ def test_pg_dump_then_pg_restore_into_an_empty_database(engine, database_url, em
         restored.dispose()
 
 
-def test_autovacuum_analyzes_archive_documents(tmp_path):
+def test_autovacuum_analyzes_archive_documents():
     """A cluster of its own with a one-second naptime; the table's threshold lowered so 40 rows suffice."""
-    with private_cluster(tmp_path / "pg", {"autovacuum_naptime": "1", "log_autovacuum_min_duration": "0"}) as cluster:
+    with private_cluster({"autovacuum_naptime": "1", "log_autovacuum_min_duration": "0"}) as cluster:
         url = create_database(cluster, "scrinalia")
         eng = create_engine_from_url(url)
         try:
