@@ -1,4 +1,5 @@
-"""The schema's SQL functions name the schema of what they call (issue 10, decision 0050).
+"""The schema's SQL functions name the schema of what they call (issue 10, decision 0050); the ledger
+gets row security so that the runner's role can be kept off its history (decision 0052).
 
 Revision ID: 0002
 Revises: 0001_initial
@@ -12,6 +13,11 @@ our functions and every table qualified by the schema that holds them (``pg_cata
 always searched first). No ``SET search_path`` on the functions: a ``SET`` clause prevents inlining,
 and the stamp functions are inlined into the workers' queue queries and the index predicates. The
 results are unchanged, so the indexes stay valid without a rebuild.
+
+Row security on ``archive_worker_runs``: enabled with one permissive policy for everyone, so nothing
+changes for any role (the owner bypasses it anyway); ``scrinalia db runner-role`` then adds the runner
+role's RESTRICTIVE policies (it may insert only the one-shot CLI's RUNNING row and update only active
+rows), which a column grant cannot express.
 """
 from alembic import op
 from sqlalchemy import text
@@ -63,9 +69,30 @@ def _replace_bodies(qualified: bool) -> None:
     op.execute(BODIES.format(s=schema, q=f"{schema}." if qualified else ""))
 
 
+ROW_SECURITY = """
+ALTER TABLE archive_worker_runs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY worker_runs_everyone ON archive_worker_runs USING (true) WITH CHECK (true);
+"""
+
+# Every policy of the table, the runner roles' included (they are inert without row security anyway).
+NO_ROW_SECURITY = """
+DO $drop$
+DECLARE p record;
+BEGIN
+  FOR p IN SELECT policyname FROM pg_catalog.pg_policies WHERE tablename = 'archive_worker_runs' LOOP
+    EXECUTE format('DROP POLICY %I ON archive_worker_runs', p.policyname);
+  END LOOP;
+END
+$drop$;
+ALTER TABLE archive_worker_runs DISABLE ROW LEVEL SECURITY;
+"""
+
+
 def upgrade() -> None:
     _replace_bodies(qualified=True)
+    op.execute(ROW_SECURITY)
 
 
 def downgrade() -> None:
+    op.execute(NO_ROW_SECURITY)
     _replace_bodies(qualified=False)

@@ -111,11 +111,23 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
 
 #: Tables the runner never touches: the identity tables, and what only the API and the scheduler use.
 NO_ACCESS = frozenset({"auth_users", "auth_sessions", "archive_worker_schedules", "archive_worker_setting_revisions"})
-_ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")  # room for the policies' suffixes in 63 characters
 #: What the role must be; ``rolinherit`` is left alone (the role is a member of nothing).
 _ATTRIBUTES = {"rolcanlogin": ("LOGIN", True), "rolsuper": ("NOSUPERUSER", False),
                "rolcreatedb": ("NOCREATEDB", False), "rolcreaterole": ("NOCREATEROLE", False),
                "rolreplication": ("NOREPLICATION", False), "rolbypassrls": ("NOBYPASSRLS", False)}
+
+
+# The runner's row-security policies on the ledger (row security is enabled by migration 0002). What a
+# column grant cannot say: the one INSERT a runner makes is the one-shot CLI's RUNNING row under a
+# registered, running runner id, and a runner updates only active rows, never the finished history.
+RUN_POLICIES = {
+    "insert": "AS RESTRICTIVE FOR INSERT TO {role} WITH CHECK ("
+              "status = 'RUNNING' AND trigger = 'CLI' AND runner_id IS NOT NULL AND EXISTS ("
+              "SELECT 1 FROM archive_worker_runners AS r "
+              "WHERE r.runner_id = archive_worker_runs.runner_id AND r.stopped_at IS NULL))",
+    "update": "AS RESTRICTIVE FOR UPDATE TO {role} USING (status IN ('QUEUED', 'RUNNING')) WITH CHECK (true)",
+}
 
 
 class RunnerRoleError(RuntimeError):
@@ -170,6 +182,10 @@ def ensure_runner_role(engine: Engine, role: str = "scrinalia_runner", password:
                     target = sql.SQL("") if columns == ALL else sql.SQL(" ({})").format(
                         sql.SQL(", ").join(sql.Identifier(c) for c in columns))
                     cur.execute(sql.SQL("GRANT {}{} ON {} TO {}").format(sql.SQL(verb), target, table, ident))
+            for suffix, body in RUN_POLICIES.items():
+                name = sql.Identifier(f"{role}__{suffix}")
+                cur.execute(sql.SQL("DROP POLICY IF EXISTS {} ON archive_worker_runs").format(name))
+                cur.execute(sql.SQL("CREATE POLICY {} ON archive_worker_runs " + body).format(name, role=ident))
             connect_revoked = _revoke_connect_elsewhere(cur, database)
             cur.execute(
                 "SELECT datname FROM pg_database WHERE datallowconn AND datname <> %s "

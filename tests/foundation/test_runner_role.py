@@ -31,7 +31,7 @@ from tests.workers import tiny_models
 from tests.workers.helpers import insert_docs
 
 ROOT = Path(__file__).resolve().parents[2]
-DENIED = "permission denied|must be owner"
+DENIED = "permission denied|must be owner|row-level security"
 
 # Each must be refused to the runner (the role's grants in scrinalia.db.roles say why).
 FORBIDDEN = {
@@ -46,6 +46,10 @@ FORBIDDEN = {
                             "VALUES ('embedding', 'SUCCESS', 'API', now())",
     "forge who asked": "INSERT INTO archive_worker_runs (worker_name, status, trigger, requested_by_user_id) "
                        "VALUES ('embedding', 'RUNNING', 'CLI', 1)",
+    "enqueue a run": "INSERT INTO archive_worker_runs (worker_name, status, trigger) VALUES ('x', 'QUEUED', 'API')",
+    "insert a finished run": "INSERT INTO archive_worker_runs (worker_name, status, trigger) VALUES ('x', 'SUCCESS', 'CLI')",
+    "insert a run of no runner": "INSERT INTO archive_worker_runs (worker_name, status, trigger, runner_id) "
+                                 "VALUES ('x', 'RUNNING', 'CLI', gen_random_uuid())",
     "rewrite what was asked": "UPDATE archive_worker_runs SET request = '{}'",
     "rewrite who asked": "UPDATE archive_worker_runs SET requested_by = 'someone else'",
     "read the users": "SELECT * FROM auth_users",
@@ -112,8 +116,15 @@ def test_the_protocol_steps_as_the_runner_role(engine, runner_url):
         assert [r.run_id for r in ledger.expire_leases(as_runner)] == [lost.run_id]
         assert ledger.get_run(as_runner, lost.run_id).status == "INTERRUPTED"
         assert ledger.active_run(as_runner, "embedding") is None
+        # the finished history is out of the runner's reach: its UPDATE sees no finished row
+        with as_runner.begin() as conn:
+            assert conn.execute(text("UPDATE archive_worker_runs SET error = 'rewritten', status = 'FAILED' "
+                                     "WHERE status <> 'QUEUED' AND status <> 'RUNNING'")).rowcount == 0
+        assert ledger.get_run(engine, run.run_id).status == "SUCCESS"
         assert registry.stop(as_runner, me)
         assert any(r.runner_id == me for r in registry.list_runners(as_runner))
+        with pytest.raises(DBAPIError, match="row-level security"):  # a stopped runner starts no CLI run
+            ledger.create_running(as_runner, "ner", {}, runner_id=me, lease_seconds=60)
         assert_refused(as_runner)
     finally:
         as_runner.dispose()
