@@ -231,3 +231,20 @@ def test_runner_role_twice_by_a_createrole_owner(createrole_owner):
         elsewhere.dispose()
     finally:
         as_runner.dispose()
+
+
+def grant_rows() -> list[str]:
+    """docs/security.md's grant table, row by row, from RUNNER_GRANTS."""
+    from scrinalia.db.roles import RUNNER_GRANTS
+
+    def cols(columns: tuple[str, ...]) -> str:
+        return ", ".join(f"`{c}`" for c in columns) if columns else "-"
+
+    return [f"| `{g.table}` | {'yes' if g.select else '-'} | {cols(g.insert)} | {cols(g.update)} | "
+            f"{'yes' if g.delete else '-'} | {g.why} |" for g in RUNNER_GRANTS]
+
+
+def test_the_documented_grant_table_is_the_code():
+    doc = (ROOT / "docs" / "security.md").read_text()
+    missing = [row for row in grant_rows() if row not in doc]
+    assert not missing, "docs/security.md lacks:\n" + "\n".join(missing)
