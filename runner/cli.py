@@ -137,7 +137,7 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    from runner.control import ControlServer, ControlSocketBusy
+    from runner.control import ControlServer, ControlSocketBusy, ControlSocketUnsafe
     from runner.database import SchemaBehind, check_schema, child_connect_args, parent_engine, registration
     from runner.devices import GpuProbe
     from runner.forkserver import ForkServerError, ForkServerLauncher
@@ -183,6 +183,10 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
         log.error("%s", exc)
         engine.dispose()
         return opts.EXIT_ALREADY_RUNNING
+    except ControlSocketUnsafe as exc:
+        log.error("control socket: %s", exc)
+        engine.dispose()
+        return opts.EXIT_USAGE
 
     gpu = GpuProbe()
     if options.start_method == "forkserver":

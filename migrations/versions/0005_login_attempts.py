@@ -13,7 +13,7 @@ See docs/security.md, "Login and lockout".
 from alembic import op
 
 revision = "0005"
-down_revision = "0001_initial"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 

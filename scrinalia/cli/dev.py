@@ -405,13 +405,15 @@ def command(port: int, host: str, data_dir: Path, admin_email: str, concurrency:
             code = proc.stop(timeout=40 if proc.name == "runner" else 15)
             clean = code in (0, -signal.SIGTERM, 128 + signal.SIGTERM)
             say(f"{proc.name} stopped" + ("" if clean else f" (exit {code})"))
+        stopped = True
         if not external:
             say("stopping PostgreSQL")
             try:
                 database.stop()
             except Exception as exc:  # noqa: BLE001 - report it, the rest is stopped already
+                stopped = False
                 say(f"PostgreSQL did not stop cleanly: {exc}")
-        say("all stopped")
+        say("all stopped" if stopped else "stopped, except PostgreSQL (see above)")
 
 
 def _prepare_and_run(database: Database, host: str, port: int, admin_email: str, concurrency: int,

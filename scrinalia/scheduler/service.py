@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import psycopg
 from sqlalchemy import Engine
 
+from scrinalia.db.errors import database_errors, describe_database_error
 from scrinalia.domains.archive import ledger
 from scrinalia.scheduler.retry import Retry, retry_failed_scheduled_runs
 from scrinalia.scheduler.schedules import TickOutcome, fire_due_schedules
@@ -93,6 +94,9 @@ class Scheduler:
                     if leader != was_leader:
                         log.info("scheduler is %s", "the leader" if leader else "standing by")
                         was_leader = leader
+                except database_errors() as exc:  # the database is down or refuses us: one line, retry
+                    log.warning("scheduler tick failed: database error: %s; retrying in %.0f s",
+                                describe_database_error(exc), interval_s)
                 except Exception:
                     log.exception("scheduler tick failed; retrying in %.0f s", interval_s)
                 stop.wait(interval_s)
