@@ -54,6 +54,8 @@ FORBIDDEN = {
     "rewrite who asked": "UPDATE archive_worker_runs SET requested_by = 'someone else'",
     "read the users": "SELECT * FROM auth_users",
     "read the sessions": "SELECT * FROM auth_sessions",
+    "read the login throttle": "SELECT * FROM auth_login_throttle",
+    "read the devices": "SELECT * FROM auth_devices",
     "read the schedules": "SELECT * FROM archive_worker_schedules",
     "change a setting": "UPDATE archive_worker_settings SET preset = 'x'",
     "change a rule": "UPDATE archive_cleaning_rules SET active = false",
