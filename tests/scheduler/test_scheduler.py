@@ -181,3 +181,34 @@ def test_the_scheduler_cli_adds_lists_and_disables(database_url, monkeypatch):
         assert runner.invoke(cli, ["scheduler", "disable", "999999"]).exit_code == 2
     finally:
         get_settings.cache_clear()
+
+
+def test_the_scheduler_cli_enables_removes_and_refuses_a_second_schedule(database_url, engine, monkeypatch):
+    from click.testing import CliRunner
+
+    from scrinalia.cli.main import cli
+    from scrinalia.settings import get_settings
+
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    monkeypatch.delenv("SCRINALIA_WORKER_PLUGINS", raising=False)
+    get_settings.cache_clear()
+    runner = CliRunner()
+    try:
+        added = runner.invoke(cli, ["scheduler", "add", "cleaning", "--every", "3600"])
+        assert added.exit_code == 0, added.output
+        (schedule,) = list_schedules(engine)
+        second = runner.invoke(cli, ["scheduler", "add", "cleaning", "--every", "600"])
+        assert second.exit_code == 2 and f"already has schedule {schedule.id}" in second.output
+        assert len(list_schedules(engine)) == 1
+        assert runner.invoke(cli, ["scheduler", "disable", str(schedule.id)]).exit_code == 0
+        enabled = runner.invoke(cli, ["scheduler", "enable", str(schedule.id)])
+        assert enabled.exit_code == 0 and "enabled" in enabled.output
+        assert list_schedules(engine)[0].enabled
+        removed = runner.invoke(cli, ["scheduler", "remove", str(schedule.id)])
+        assert removed.exit_code == 0 and list_schedules(engine) == []
+        assert runner.invoke(cli, ["scheduler", "remove", str(schedule.id)]).exit_code == 2
+        unknown = runner.invoke(cli, ["scheduler", "add", "nosuch", "--every", "60"])
+        assert unknown.exit_code == 2 and "no worker named 'nosuch'" in unknown.output
+        assert list_schedules(engine) == []
+    finally:
+        get_settings.cache_clear()
