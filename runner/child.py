@@ -259,6 +259,7 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     link.retitle("starting")
 
     from scrinalia.db.engine import create_engine_from_url
+    from scrinalia.domains.archive.errors import InvalidRunRequest
     from scrinalia.domains.archive.workers.sdk import LeaseLost, RunCancelled, RunContext
 
     if catalogue is None:
@@ -268,7 +269,10 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
         catalogue = load_catalogue()
 
     def fail(error: str) -> int:
-        link.send("result", {"status": "FAILED", "error": error[:ERROR_MAX], "metrics": _metrics(None, 0)})
+        # Only configuration reaches here (an unknown worker, a request the resolver refuses): a retry
+        # would fail the same way, so the outcome says so (exit_reason "configuration", never retried).
+        link.send("result", {"status": "FAILED", "error": error[:ERROR_MAX], "reason": "configuration",
+                             "metrics": _metrics(None, 0)})
         return 1
 
     spec = catalogue.get(run.worker_name)
@@ -296,7 +300,7 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
         ctx = RunContext(run, resolved, engine, link, spec=spec)
     except TypeError:  # an SDK whose RunContext takes no spec
         ctx = RunContext(run, resolved, engine, link)
-    status, result, error = "SUCCESS", None, None
+    status, result, error, reason = "SUCCESS", None, None, None
     started = None
     if link.cancel_requested():
         status, result = "CANCELLED", {"done": 0, "cancelled": "before the worker started"}
@@ -314,12 +318,15 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
             status, error = "LEASE_LOST", format_error(exc)
         except BaseException as exc:  # a database error, KeyboardInterrupt, SystemExit too: the run failed
             status, error, result = "FAILED", format_error(exc), dict(ctx.result) or None
+            if isinstance(exc, InvalidRunRequest):  # e.g. EngineUnavailable: no model where the options say
+                reason = "configuration"
     link.send(
         "result",
         {
             "status": status,
             "result": _json_safe(result),
             "error": error,
+            "reason": reason,
             "progress": link.progress,
             "metrics": _metrics(started, ctx.done),
         },

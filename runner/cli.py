@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -229,7 +230,8 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (fields: docs/operations.md, 'Runner').")
 @click.option("--all", "all_runners", is_flag=True, help="Every runner of the registry (online, stale, stopped).")
 @click.option("--socket", "socket_path", type=click.Path(path_type=Path), default=None,
-              help="A control socket (default: every *.sock of the runtime directory).")
+              help="A control socket (default: every *.sock of this session's runtime directory and of "
+                   "/run/scrinalia-runner, the systemd runner's).")
 @click.option("--name", default=None, help="The local runner with this --name.")
 def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, name: str | None) -> None:
     """Show the local supervisor's children (over its control socket), or the registry with --all."""
@@ -254,13 +256,13 @@ def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, n
             click.echo(status.render_registry(rows))
         return
 
+    looked: list[str] = []
     if socket_path is not None:
         paths = [socket_path]
     elif name is not None:
         paths = [opts.default_socket_path(name)]
     else:
-        directory = opts.runtime_dir()
-        paths = sorted(directory.glob("*.sock")) if directory.is_dir() else []
+        paths, looked = _sockets_in(opts.status_dirs())
     answers = []
     for path in paths:
         try:
@@ -268,12 +270,31 @@ def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, n
         except (OSError, ValueError) as exc:
             if socket_path is not None or name is not None:
                 _fail(1, f"no runner answers on {path} ({exc.__class__.__name__})")
+            looked.append(f"{path}: does not answer ({exc.__class__.__name__})")
     if not answers:
-        _fail(1, f"no runner answers in {opts.runtime_dir()} (use --socket PATH, or --all for the registry)")
+        _fail(1, "no runner answers; looked in " + "; ".join(looked)
+              + " (use --socket PATH, or --all for the registry)")
     if as_json:
         click.echo(status.dumps(answers))
     else:
         click.echo("\n\n".join(status.render_status(a) for a in answers))
+
+
+def _sockets_in(directories: list[Path]) -> tuple[list[Path], list[str]]:
+    """The ``*.sock`` of each directory, and what was found there, said for the operator (glob alone
+    would answer nothing for a directory it may not read)."""
+    paths: list[Path] = []
+    looked: list[str] = []
+    for directory in directories:
+        if not directory.is_dir():
+            looked.append(f"{directory}: no such directory")
+        elif not os.access(directory, os.R_OK | os.X_OK):
+            looked.append(f"{directory}: permission denied (run status as the runner's user, or with sudo)")
+        else:
+            found = sorted(directory.glob("*.sock"))
+            looked.append(f"{directory}: {len(found)} socket{'' if len(found) == 1 else 's'}")
+            paths.extend(found)
+    return paths, looked
 
 
 # --- run (one-shot) ------------------------------------------------------------------------------------

@@ -81,8 +81,14 @@ def parse_list(value: str | None) -> tuple[str, ...]:
     return () if items in {("none",), ("-",)} else items
 
 
+def system_runtime_dir() -> Path:
+    """The systemd unit's ``RuntimeDirectory=scrinalia-runner``: /run/scrinalia-runner
+    (``SCRINALIA_RUNNER_SYSTEM_DIR`` names another, for a unit that moved it)."""
+    return Path(os.environ.get("SCRINALIA_RUNNER_SYSTEM_DIR") or "/run/scrinalia-runner")
+
+
 def runtime_dir() -> Path:
-    """Where the control sockets live: $RUNTIME_DIRECTORY (systemd), $XDG_RUNTIME_DIR/scrinalia-runner,
+    """Where a daemon puts its control socket: $RUNTIME_DIRECTORY (systemd), $XDG_RUNTIME_DIR/scrinalia-runner,
     else /run/scrinalia-runner."""
     explicit = os.environ.get("RUNTIME_DIRECTORY")
     if explicit:
@@ -90,7 +96,18 @@ def runtime_dir() -> Path:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         return Path(xdg) / "scrinalia-runner"
-    return Path("/run/scrinalia-runner")
+    return system_runtime_dir()
+
+
+def status_dirs() -> list[Path]:
+    """Where ``status`` looks for sockets: this session's directory (``runtime_dir``) and the systemd
+    runner's, once each. An admin's SSH login has an $XDG_RUNTIME_DIR of its own, while the systemd
+    runner's socket is under /run/scrinalia-runner: looking only in the first found nothing."""
+    dirs: list[Path] = []
+    for directory in (runtime_dir(), system_runtime_dir()):
+        if directory not in dirs:
+            dirs.append(directory)
+    return dirs
 
 
 def default_socket_path(name: str) -> Path:

@@ -71,7 +71,7 @@ def decide(
         out.status, out.exit_reason, out.result = "CANCELLED", "cancelled", result.get("result")
         return out
     if status == "FAILED":
-        out.exit_reason = "exception"
+        out.exit_reason = "configuration" if result.get("reason") == "configuration" else "exception"
         out.error = result.get("error") or "WorkerFailed: the worker failed without an error message"
         out.result = result.get("result")
         return out

@@ -327,7 +327,7 @@ class ScheduleOut(BaseModel):
     next_run_at: str
     last_tick_at: str | None
     last_run_id: str | None
-    last_outcome: str | None = Field(description="enqueued, or skipped-busy when the worker's slot was taken")
+    last_outcome: str | None = Field(description="enqueued; skipped-busy when the worker's slot was taken; refused: <field>: <why> when its request no longer validates (no run written)")
 
 
 class SchedulesOut(BaseModel):

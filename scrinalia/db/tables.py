@@ -49,6 +49,7 @@ EXIT_REASONS = (
     "runner-stopped",
     "cancelled",
     "cancel-forced",
+    "configuration",
 )
 USER_ROLES = ("ADMIN", "CURATOR", "VIEWER")
 DOCUMENT_STATUSES = ("DRAFT", "PUBLISHED", "NEEDS_REVIEW", "HUMAN_APPROVED")

@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 
 from scrinalia.db.errors import database_errors, describe_database_error
 from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.workers.validation import Catalogue
 from scrinalia.scheduler.retry import Retry, retry_failed_scheduled_runs
 from scrinalia.scheduler.schedules import TickOutcome, fire_due_schedules
 
@@ -34,8 +35,15 @@ class TickReport:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, catalogue: Catalogue | None = None) -> None:
+        """``catalogue``: the workers a tick validates against (default: the installed plugins, the
+        runners' own catalogue)."""
+        if catalogue is None:
+            from scrinalia.domains.archive.workers.plugins import load_catalogue
+
+            catalogue = load_catalogue()
         self.engine = engine
+        self.catalogue = catalogue
         self._leader_conn: psycopg.Connection | None = None
 
     def _hold_leadership(self) -> bool:
@@ -75,7 +83,7 @@ class Scheduler:
         # Expiring leases here too lets retries of crashed scheduled runs proceed with no runner online.
         report.expired = len(ledger.expire_leases(self.engine))
         report.retries = retry_failed_scheduled_runs(self.engine)
-        report.fired = fire_due_schedules(self.engine)
+        report.fired = fire_due_schedules(self.engine, self.catalogue)
         for item in report.fired:
             log.info("schedule %s (%s): %s %s", item.schedule_id, item.worker_name, item.outcome, item.run_id or "")
         for item in report.retries:

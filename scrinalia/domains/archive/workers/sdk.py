@@ -87,6 +87,16 @@ class RefusedOption(WorkerConfigError):
     pass
 
 
+class MissingOption(WorkerConfigError):
+    """A required option (``OptionSpec.required``: a model directory, say) has no value in any layer."""
+
+
+class EngineUnavailable(WorkerConfigError):
+    """The engine cannot be loaded as configured (no model directory where the options point).
+
+    Raised by an engine's ``load`` in the child: a configuration failure, never retried."""
+
+
 # --- the channel to the supervisor ------------------------------------------------------------------
 
 
@@ -136,6 +146,10 @@ class OptionSpec:
     minimum: float | None = None
     maximum: float | None = None
     nullable: bool = False
+    #: No layer (request, settings, default) gave a value: the run is refused where it is asked for,
+    #: with ``required_hint`` (what to set, and where) instead of failing once claimed.
+    required: bool = False
+    required_hint: str = ""
 
     def __post_init__(self) -> None:
         if self.type not in _TYPES:
@@ -181,6 +195,8 @@ class OptionSpec:
             out["minimum"] = self.minimum
         if self.maximum is not None:
             out["maximum"] = self.maximum
+        if self.required:
+            out["required"] = True
         return out
 
 
@@ -509,6 +525,8 @@ def _coerce_options(values: Mapping[str, Any], declared: Mapping[str, "OptionSpe
         ospec = declared.get(k)
         if ospec is not None:
             clean[k] = ospec.coerce(v, f"{prefix}.{k}")
+            if ospec.required and clean[k] is None:
+                raise MissingOption(f"{prefix}.{k}", f"is required and not set: {ospec.required_hint or ospec.description}")
         elif accepts_extra:
             clean[k] = v
         else:
