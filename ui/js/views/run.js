@@ -15,6 +15,8 @@ const REASONS = {
   'runner-stopped': 'the runner stopped (drain deadline passed)',
   cancelled: 'cancelled at a batch boundary',
   'cancel-forced': 'cancelled by force after the grace period',
+  'cuda-error': 'a CUDA error (device-side assert, illegal memory access, ...) killed the run',
+  'cuda-oom': 'CUDA ran out of GPU memory (not the host’s OOM killer)',
 };
 
 export function mount(main, route, ctx) {
