@@ -37,12 +37,13 @@ trap 'rm -rf "$WORK"' EXIT
   # Not needed by the check: the JIT (bitcode, llvmjit: jit=off), headers and docs.
   rm -rf root/usr/lib/postgresql/$PG_MAJOR/lib/bitcode root/usr/lib/postgresql/$PG_MAJOR/lib/llvmjit* \
          root/usr/share/doc root/usr/share/man root/usr/share/locale root/usr/lib/postgresql/$PG_MAJOR/lib/pgxs
-  # The libraries the binaries load that are not glibc (the GPU machine's glibc serves those).
+  # The libraries the binaries load that are not glibc's or the C++ runtime's (the GPU machine has both:
+  # torch needs them; bookworm's libstdc++ would need glibc 2.36, the binaries themselves need <= 2.34).
   mkdir -p root/lib
   find root/usr/lib/postgresql/$PG_MAJOR -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
     xargs -0 -r env LD_LIBRARY_PATH="$WORK/root/usr/lib/x86_64-linux-gnu" ldd 2>/dev/null |
     awk '/=> \// {print $3}' | sort -u |
-    grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*)\.so' |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |
     while read -r lib; do cp -L "$lib" root/lib/; done
   cp -a root/usr/lib/x86_64-linux-gnu/libpq.so* root/lib/ 2>/dev/null || true
   tar -C root -cJf "$OUT/pg.tar.xz" usr/lib/postgresql usr/share/postgresql lib

@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import ctypes
 import sys
 import time
@@ -65,4 +67,8 @@ CRASH = WorkerSpec(
     options={"delay": OptionSpec("float", 0.3, "Seconds before the crash", minimum=0.0, maximum=60.0)},
 )
 
-WORKERS = [SLOW, CRASH]
+# Two GPU workers (the default) for the device test: only its runner (--devices 0) advertises them.
+GPU_A = dataclasses.replace(SLOW, name="panel-gpu-a", label="GPU worker A (test)")
+GPU_B = dataclasses.replace(SLOW, name="panel-gpu-b", label="GPU worker B (test)")
+
+WORKERS = [SLOW, CRASH, GPU_A, GPU_B]
