@@ -210,3 +210,33 @@ def test_a_sticky_cuda_error_is_not_blamed_on_one_document():
     assert per_unit(["a", "bb"], oom) == [(1, None), (2, None)]  # an OOM batch is retried unit by unit
     with pytest.raises(SystematicFailure):
         per_unit(["a", "b"], lambda items: (_ for _ in ()).throw(ValueError("x")))
+
+
+def test_the_api_says_why_a_gpu_run_waits():
+    from datetime import datetime, timezone
+
+    from scrinalia.api.views import queued_reason
+
+    now = datetime.now(timezone.utc)
+    gpu = WorkerSpec(name="g", label="g", description="", run=lambda ctx: None)
+    big = WorkerSpec(name="b", label="b", description="", run=lambda ctx: None, gpu_memory_bytes=200 * GiB)
+    cpu = WorkerSpec(name="c", label="c", description="", run=lambda ctx: None, gpu=False)
+
+    def runner(children, slots=1, devices=None):
+        return {"state": "online", "capabilities": ["g", "b", "c"], "drain_requested_at": None,
+                "schema_mismatch": False, "busy": False, "children": children,
+                "devices": devices if devices is not None else [{"index": 0, "memory_total_bytes": 80 * GiB,
+                                                                 "slots": slots}]}
+
+    full = [runner([{"device": {"index": 0}}])]
+    run = {"not_before": None, "attempt": 1}
+    assert queued_reason(run, "g", full, now, "0004", gpu)["code"] == "waiting_for_device"
+    assert "(1 of 1)" in queued_reason(run, "g", full, now, "0004", gpu)["message"]
+    assert queued_reason(run, "c", full, now, "0004", cpu)["code"] == "waiting_for_claim"  # no slot needed
+    assert queued_reason(run, "g", [runner([{"device": {"index": 0}}], slots=2)], now, "0004", gpu)["code"] \
+        == "waiting_for_claim"
+    assert queued_reason(run, "g", [runner([], devices=[])], now, "0004", gpu)["code"] == "waiting_for_claim"
+    assert queued_reason(run, "b", [runner([])], now, "0004", big)["code"] == "no_device_fits"
+    # A runner registered before devices had slots (NVML facts only) has no device rule.
+    legacy = [runner([{"pid": 1}], devices=[{"index": 0, "name": "A100"}])]
+    assert queued_reason(run, "g", legacy, now, "0004", gpu)["code"] == "waiting_for_claim"
