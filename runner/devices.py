@@ -279,10 +279,13 @@ class DevicePlanner:
         if not self.uses_device(worker):
             return None
         need = self.need(worker)
-        for a in self._available(placements):
+        free = self._available(placements)
+        for a in free:
             if fits(need, a):
                 return a.device
-        return None  # claimable() said yes a moment ago: only a concurrent change of NVML's numbers
+        # claimable() said yes a moment ago: only another process changed NVML's numbers since. The slot
+        # rule still holds; the run must not fall back to CPU (or to every device) for that.
+        return free[0].device if free else None
 
     def registry_devices(self, nvml_devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The registry row's ``devices``: each owned device, its driver, and its slots (the API reads

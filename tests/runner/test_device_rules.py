@@ -120,6 +120,8 @@ def test_memory_aware_claims_count_what_is_declared_but_not_yet_allocated():
     assert p.claimable(["big", "small"], loaded) == ["small"]
     nvml_free["GPU-bbbb"] = 70 * GiB  # another process let go of memory on the second device
     assert p.place("big", loaded).key == "GPU-bbbb"
+    nvml_free.update({"GPU-aaaa": 0, "GPU-bbbb": 0})  # taken by another process between claim and placement
+    assert p.place("big", loaded).key == "GPU-bbbb"  # still a device with a free slot, never none
     # Without NVML (no free memory known), the slots alone decide.
     blind = _planner(per_device=4, needs=needs)
     assert blind.claimable(["big", "small"], started) == ["big", "small"]
