@@ -255,6 +255,9 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     if kind != "assign":
         raise RuntimeError(f"expected an assignment, got {kind!r}")
     run = assign["run"]
+    # The child's device (CUDA_VISIBLE_DEVICES), before anything here can initialise CUDA: the fork
+    # server imported torch without initialising it, and CUDA reads the variable at its first use.
+    os.environ.update(assign.get("env") or {})
     link = ParentLink(channel, run)
     link.retitle("starting")
 

@@ -80,6 +80,13 @@ def daemon_options(func):
         click.option("--capabilities", default=None,
                      help="Comma-separated workers to claim (default: every worker of the catalogue)."),
         click.option("--concurrency", type=int, default=1, show_default=True, help="Children at most."),
+        click.option("--devices", default="auto", show_default=True,
+                     help="The GPUs this runner owns: auto (every device NVML lists; none without NVML), none "
+                          "(children see no GPU: GPU workers run on CPU), or indexes/UUIDs (0,1 or GPU-...). "
+                          "Each child gets one device as CUDA_VISIBLE_DEVICES; a GPU worker is claimed only "
+                          "while a device slot is free."),
+        click.option("--per-device", type=int, default=1, show_default=True,
+                     help="Children that may share one device."),
         click.option("--heartbeat", type=float, default=15.0, show_default=True, help="Seconds between heartbeats."),
         click.option("--lease", type=float, default=60.0, show_default=True,
                      help="Seconds a heartbeat renews the leases for; must exceed --heartbeat."),
@@ -111,7 +118,7 @@ def daemon_command(**flags: Any) -> None:
     sys.exit(run_daemon(**flags))
 
 
-def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain_timeout, max_runtime,
+def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbeat, lease, poll, drain_timeout, max_runtime,
                cancel_grace, kill_grace, preload, start_method, socket_path, log_level) -> int:
     setup_logging(log_level)
 
@@ -120,6 +127,8 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
             name=name,
             capabilities=opts.parse_list(capabilities) or None,
             concurrency=concurrency,
+            devices=devices,
+            per_device=per_device,
             heartbeat_seconds=heartbeat,
             lease_seconds=lease,
             poll_seconds=poll,
@@ -140,7 +149,7 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
 
     from runner.control import ControlServer, ControlSocketBusy, ControlSocketUnsafe
     from runner.database import SchemaBehind, check_schema, child_connect_args, parent_engine, registration
-    from runner.devices import GpuProbe
+    from runner.devices import DeviceError, DevicePlanner, GpuProbe, inventory, needs_of, parse_devices
     from runner.forkserver import ForkServerError, ForkServerLauncher
     from runner.launchers import SpawnLauncher
     from runner.sdnotify import Notifier
@@ -190,6 +199,17 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
         return opts.EXIT_USAGE
 
     gpu = GpuProbe()
+    nvml_devices = gpu.devices()
+    try:
+        owned = inventory(parse_devices(options.devices), nvml_devices)
+    except DeviceError as exc:
+        gpu.close()
+        control.close()
+        engine.dispose()
+        raise click.UsageError(str(exc)) from None
+    planner = DevicePlanner(owned, options.per_device, needs_of({c: catalogue[c] for c in capabilities}),
+                            free_memory=gpu.free_memory)
+    _log_devices(options, planner, nvml_devices)
     if options.start_method == "forkserver":
         launcher = ForkServerLauncher(options.preload, title=f"scrinalia-runner: fork server {options.name}")
     else:
@@ -201,10 +221,11 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
         child_connect_args=child_connect_args(settings),
         launcher=launcher,
         registration=registration(options, capabilities, kind="daemon", schema_revision=revision,
-                                  devices=gpu.devices()),
+                                  devices=planner.registry_devices(nvml_devices)),
         mode="daemon",
         notifier=Notifier(),
         gpu=gpu,
+        devices=planner,
         control=control,
     )
     try:
@@ -221,6 +242,21 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
     finally:
         sup.close()
         engine.dispose()
+
+
+def _log_devices(options: RunnerOptions, planner: Any, nvml_devices: list[dict[str, Any]]) -> None:
+    """Say at start which GPUs the children get, and what cannot work with them."""
+    if not planner.devices:
+        why = ("--devices none" if options.devices == "none"
+               else "NVML lists no GPU (no driver, no device, or nvidia-ml-py missing)")
+        log.info("devices: none (%s): every child runs with CUDA_VISIBLE_DEVICES='' (GPU workers on CPU)", why)
+        return
+    log.info("devices: %s, %d child(ren) per device (%d device slots, --concurrency %d)%s",
+             ", ".join(d.key for d in planner.devices), planner.per_device, planner.slots, options.concurrency,
+             "" if nvml_devices else "; NVML does not answer: no memory rule, the slots alone decide")
+    for worker in planner.unfit_workers():
+        log.warning("worker %s declares %d bytes of GPU memory, more than any device of this runner has: "
+                    "it is never claimed here", worker, planner.need(worker).memory_bytes)
 
 
 # --- status -----------------------------------------------------------------------------------------

@@ -38,6 +38,8 @@ class RunnerOptions:
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     start_method: str = "forkserver"
     socket_path: Path | None = None
+    devices: str = "auto"   # auto | none | a comma-separated list of indexes or UUIDs (runner.devices)
+    per_device: int = 1     # children sharing one device
 
     def validate(self) -> "RunnerOptions":
         if not self.name or not self.name.strip():
@@ -60,6 +62,14 @@ class RunnerOptions:
             raise OptionsError("--max-runtime must be positive")
         if self.cancel_grace < 0 or self.kill_grace < 0:
             raise OptionsError("--cancel-grace and --kill-grace must not be negative")
+        if self.per_device < 1:
+            raise OptionsError(f"--per-device must be at least 1, got {self.per_device}")
+        from runner.devices import DeviceError, parse_devices
+
+        try:
+            parse_devices(self.devices)
+        except DeviceError as exc:
+            raise OptionsError(str(exc)) from None
         if self.start_method not in START_METHODS:
             raise OptionsError(f"--start-method must be one of {', '.join(START_METHODS)}")
         return self

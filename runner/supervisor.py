@@ -38,6 +38,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from runner import procinfo, wire
+from runner.devices import Device, DevicePlanner, Placement, child_env
 from runner.launchers import ChildExit, Launcher, signal_name
 from runner.options import RunnerOptions
 from runner.outcome import Outcome, decide
@@ -80,6 +81,8 @@ class Child:
     rss_bytes: int | None = None
     gpu_bytes: int | None = None
     gpu_peak_bytes: int = 0
+    device: Device | None = None         # the GPU it was given (CUDA_VISIBLE_DEVICES), or None
+    gpu_need_bytes: int | None = None    # the GPU memory its worker declared
     output_tail: bytearray = field(default_factory=bytearray)
     partial_line: bytearray = field(default_factory=bytearray)
     reader: wire.FrameReader = field(init=False)
@@ -115,6 +118,7 @@ class Child:
             "progress": self.progress,
             "rss_bytes": self.rss_bytes,
             "gpu_memory_bytes": self.gpu_bytes,
+            "device": self.device.describe() if self.device is not None else None,
             "cancel_requested": self.cancel_sent_at is not None,
         }
 
@@ -134,6 +138,7 @@ class Supervisor:
         mode: str = "daemon",
         notifier: Any = None,
         gpu: Any = None,
+        devices: DevicePlanner | None = None,
         control: Any = None,
         on_progress: Callable[[Child], None] | None = None,
         install_signals: bool = True,
@@ -151,6 +156,7 @@ class Supervisor:
         self.mode = mode
         self.notifier = notifier
         self.gpu = gpu
+        self.devices = devices  # None (the one-shot CLI): the child sees what the shell sees
         self.control = control
         self.on_progress = on_progress
         self.install_signals = install_signals
@@ -524,9 +530,14 @@ class Supervisor:
         if self.db_state == "unreachable":
             return  # the heartbeat's retry is the probe: our own rows are renewed before anything expires
         self._expire_leases()
+        if self.devices is not None and self.devices.devices and self.children:
+            self._sample_resources()  # the memory rule reads what the children use now
         while self._may_claim():
+            capabilities = self._claimable()
+            if not capabilities:
+                return  # every device slot is taken and no CPU-only worker is claimable
             try:
-                run = self._db("claim", ledger.claim_next, self.runner_id, self.capabilities, self.options.lease_seconds)
+                run = self._db("claim", ledger.claim_next, self.runner_id, capabilities, self.options.lease_seconds)
             except DatabaseDown:
                 return
             if run is None:
@@ -534,8 +545,31 @@ class Supervisor:
             self.counters["claimed"] += 1
             self._start_child(run)
 
+    def _placements(self) -> list[Placement]:
+        return [Placement(c.device.key, c.gpu_need_bytes, c.gpu_bytes) for c in self.children.values()
+                if c.device is not None]
+
+    def device_status(self) -> list[dict[str, Any]]:
+        """The owned devices, each with its slots and the children on it (``status``)."""
+        if self.devices is None:
+            return []
+        on: dict[str, list[int]] = {}
+        for c in self.children.values():
+            if c.device is not None:
+                on.setdefault(c.device.key, []).append(c.pid)
+        return [{**d.describe(), "memory_total_bytes": d.memory_total_bytes, "slots": self.devices.per_device,
+                 "children": on.get(d.key, [])} for d in self.devices.devices]
+
+    def _claimable(self) -> list[str]:
+        """The capability list of the next claim: the device rule (``runner.devices``) decides which
+        workers a free slot (and the free GPU memory) allows now; the claim stays one statement."""
+        if self.devices is None:
+            return self.capabilities
+        return self.devices.claimable(self.capabilities, self._placements())
+
     def _start_child(self, run: WorkerRun) -> Child | None:
         claimed_at = time.monotonic()
+        device = self.devices.place(run.worker_name, self._placements()) if self.devices is not None else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         try:
@@ -552,11 +586,13 @@ class Supervisor:
             os.close(out_w)
         os.set_blocking(out_r, False)
         child = Child(run=run, pid=pid, channel=ours, output_fd=out_r, claimed_at=claimed_at,
-                      oom_kills_at_start=procinfo.oom_kill_counter())
+                      oom_kills_at_start=procinfo.oom_kill_counter(), device=device,
+                      gpu_need_bytes=self.devices.need(run.worker_name).memory_bytes if device is not None else None)
         self.children[pid] = child
         try:
             wire.send(ours, "assign", {
                 "run": run,
+                "env": child_env(device) if self.devices is not None else {},
                 "database_url": self.database_url,
                 "connect_args": self.child_connect_args,
                 "preload": list(self.launcher.child_preload),
@@ -564,7 +600,8 @@ class Supervisor:
         except OSError as exc:
             log.error("run %s: the child %d did not take its assignment: %s", run.run_id, pid, exc)
         ours.setblocking(False)
-        log.info("run %s (%s) -> child %d", run.run_id, run.worker_name, pid)
+        log.info("run %s (%s) -> child %d%s", run.run_id, run.worker_name, pid,
+                 f" on GPU {device.key}" if device is not None else "")
         return child
 
     def _send(self, child: Child, kind: str, payload: dict[str, Any] | None = None) -> None:
@@ -765,6 +802,8 @@ class Supervisor:
             metrics["cpu_seconds"] = ex.cpu_seconds
         if child.gpu_peak_bytes:
             metrics["gpu_peak_bytes"] = child.gpu_peak_bytes
+        if child.device is not None:
+            metrics["device"] = child.device.describe()
         if child.ready_at is not None:
             metrics["child_ready_ms"] = round((child.ready_at - child.claimed_at) * 1000, 1)
         metrics["wall_seconds"] = round(time.monotonic() - child.claimed_at, 3)

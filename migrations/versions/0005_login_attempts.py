@@ -1,7 +1,7 @@
 """Login attempts: the lockout moves out of auth_users into buckets claimed before a password is checked.
 
 Revision ID: 0005
-Revises: 0001_initial
+Revises: 0004
 Create Date: 2026-12-01
 
 ``auth_login_throttle`` holds one row per bucket: ``account`` (the SHA-256 of a normalised e-mail, known
@@ -13,7 +13,7 @@ See docs/security.md, "Login and lockout".
 from alembic import op
 
 revision = "0005"
-down_revision = "0002"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

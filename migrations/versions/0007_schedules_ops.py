@@ -1,7 +1,7 @@
 """A run that fails on its configuration says so: exit_reason 'configuration' (never retried).
 
 Revision ID: 0007
-Revises: 0001_initial
+Revises: 0005
 Create Date: 2026-12-01
 
 Every entry point validates a request before writing it, so a configuration failure reaches a runner
@@ -17,7 +17,9 @@ down_revision = "0005"
 branch_labels = None
 depends_on = None
 
-_OLD = "'exception', 'signal', 'oom', 'timeout', 'lease-lost', 'runner-stopped', 'cancelled', 'cancel-forced'"
+#: The reasons as migration 0004 left them (with the CUDA ones).
+_OLD = ("'exception', 'signal', 'oom', 'timeout', 'lease-lost', 'runner-stopped', 'cancelled', 'cancel-forced', "
+        "'cuda-error', 'cuda-oom'")
 
 
 def upgrade() -> None:

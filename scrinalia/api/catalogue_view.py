@@ -66,6 +66,8 @@ def describe(spec: WorkerSpec) -> dict[str, Any]:
         "engine_source": sig["engine_source"],
         "stamp_key": sig.get("stamp_key"),
         "requires": list(sig.get("requires") or ()),
+        "gpu": sig.get("gpu", True),
+        "gpu_memory_bytes": sig.get("gpu_memory_bytes"),
         "default_batch_size": sig["default_batch_size"],
         "accepts_extra_options": sig.get("accepts_extra_options", False),
         "default_engine": sig.get("default_engine"),

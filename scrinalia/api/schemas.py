@@ -194,7 +194,8 @@ class CancelOut(BaseModel):
 
 
 class QueuedReason(BaseModel):
-    code: Literal["backing_off", "no_runner", "draining", "schema_behind", "runners_busy", "waiting_for_claim"]
+    code: Literal["backing_off", "no_runner", "draining", "schema_behind", "runners_busy", "waiting_for_device",
+                  "no_device_fits", "waiting_for_claim"]
     message: str
     not_before: str | None = None
 

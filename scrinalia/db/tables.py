@@ -50,6 +50,8 @@ EXIT_REASONS = (
     "cancelled",
     "cancel-forced",
     "configuration",
+    "cuda-error",  # migration 0004: a CUDA error killed the run (device-side assert, illegal access, ...)
+    "cuda-oom",    # migration 0004: CUDA out of memory (not the kernel's OOM killer: that is "oom")
 )
 USER_ROLES = ("ADMIN", "CURATOR", "VIEWER")
 DOCUMENT_STATUSES = ("DRAFT", "PUBLISHED", "NEEDS_REVIEW", "HUMAN_APPROVED")

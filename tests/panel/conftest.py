@@ -78,9 +78,12 @@ class Proc:
 class RunnerControl:
     """Start and stop the runner daemon from inside a test (a QUEUED run needs no runner at first)."""
 
-    def __init__(self, database_url: str, name: str = "panel-runner") -> None:
+    def __init__(self, database_url: str, name: str = "panel-runner", capabilities: str = "panel-slow,panel-crash",
+                 flags: tuple[str, ...] = ()) -> None:
         self.database_url = database_url
         self.name = name
+        self.capabilities = capabilities
+        self.flags = flags
         self.proc: Proc | None = None
 
     @property
@@ -92,8 +95,9 @@ class RunnerControl:
             return self
         argv = [
             sys.executable, "-m", "scrinalia.domains.archive.workers.runner_daemon",
-            "--name", self.name, "--capabilities", "panel-slow,panel-crash",
+            "--name", self.name, "--capabilities", self.capabilities,
             "--concurrency", "2", "--heartbeat", "1", "--lease", "6", "--poll", "0.5", "--drain-timeout", "5",
+            *self.flags,
         ]
         self.proc = Proc("runner", argv, _env(self.database_url))
         return self

@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import ctypes
 import sys
 import time
@@ -91,4 +93,8 @@ MODEL = WorkerSpec(
     default_engine="tiny",
 )
 
-WORKERS = [SLOW, CRASH, MODEL]
+# Two GPU workers (the default) for the device test: only its runner (--devices 0) advertises them.
+GPU_A = dataclasses.replace(SLOW, name="panel-gpu-a", label="GPU worker A (test)")
+GPU_B = dataclasses.replace(SLOW, name="panel-gpu-b", label="GPU worker B (test)")
+
+WORKERS = [SLOW, CRASH, MODEL, GPU_A, GPU_B]

@@ -19,7 +19,7 @@ from tests.runner.conftest import ROOT, RUNNER, enqueue, wait_for, wait_status
 pytestmark = pytest.mark.slow
 
 CHILD_FIELDS = {"pid", "run_id", "worker", "phase", "elapsed_seconds", "progress", "rss_bytes",
-                "gpu_memory_bytes", "cancel_requested"}
+                "gpu_memory_bytes", "device", "cancel_requested"}
 
 
 def _cli(env, *args):
@@ -75,6 +75,7 @@ def test_status_shows_the_children_of_a_live_runner_and_json_has_the_documented_
         assert c["pid"] > 0 and c["elapsed_seconds"] > 0 and c["worker"] in ("slow", "hang")
         assert c["rss_bytes"] and c["rss_bytes"] > 0
         assert c["gpu_memory_bytes"] is None  # no GPU on the test machine
+        assert c["device"] is None  # NVML lists no device here: the runner owns none
     slow = next(c for c in status["children"] if c["worker"] == "slow")
     assert slow["progress"]["total"] == 200
     # The child's process title shows the run, the worker and the progress.

@@ -196,5 +196,7 @@ const REASONS = {
   draining: 'Every capable runner is draining.',
   schema_behind: "The capable runners' schema is behind the database.",
   runners_busy: 'Every capable runner is busy.',
+  waiting_for_device: 'Waiting for a free GPU: every device slot of the capable runners is taken.',
+  no_device_fits: 'No device of the capable runners has the GPU memory this worker declares.',
   waiting_for_claim: 'Waiting for a runner to claim it.',
 };

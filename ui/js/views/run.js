@@ -16,6 +16,8 @@ const REASONS = {
   cancelled: 'cancelled at a batch boundary',
   'cancel-forced': 'cancelled by force after the grace period',
   configuration: 'the configuration cannot run here (a setting, a model directory); not retried by the scheduler',
+  'cuda-error': 'a CUDA error (device-side assert, illegal memory access, ...) killed the run',
+  'cuda-oom': 'CUDA ran out of GPU memory (not the host’s OOM killer)',
 };
 
 /** What an operator may retry (the API's RETRYABLE). */

@@ -74,7 +74,7 @@ export function mount(main, route, ctx) {
         ['Timings', `heartbeat ${r.heartbeat_seconds ?? '?'} s · lease ${r.lease_seconds ?? '?'} s${r.poll_seconds ? ` · poll ${r.poll_seconds} s` : ''}`],
         ['Started', timeEl(r.started_at)],
         [state === 'stopped' ? 'Stopped' : 'Last heartbeat', timeEl(state === 'stopped' ? r.stopped_at : r.last_heartbeat_at)],
-        ['Devices', devices.length ? devices.map(device) : h('span.muted', 'no GPU')],
+        ['Devices', devices.length ? devices.map((d) => device(d, children)) : h('span.muted', 'no GPU')],
       ]),
       h('section', { 'aria-label': `Children of ${r.name}` },
         h('h3', `Children (${children.length})`),
@@ -82,14 +82,28 @@ export function mount(main, route, ctx) {
       ctx.canOperate() && state !== 'stopped' && !r.drain_requested_at ? drainControl(r) : null);
   }
 
-  function device(d) {
+  function device(d, children) {
     const mem = d.memory_total_bytes ?? d.memory_total ?? d.total_memory ?? null;
-    return h('div.small', `${d.index ?? ''}${d.index !== undefined ? ': ' : ''}${d.name || 'GPU'}${mem ? ` · ${bytes(mem)}` : ''}${d.uuid ? ` · ${String(d.uuid).slice(0, 12)}` : ''}`);
+    const used = d.slots ? children.filter((c) => sameDevice(c.device, d)).length : null;
+    return h('div.small.device', { dataset: { device: d.uuid || String(d.index ?? '') } },
+      `${d.index ?? ''}${d.index !== undefined && d.index !== null ? ': ' : ''}${d.name || 'GPU'}${mem ? ` · ${bytes(mem)}` : ''}${d.uuid ? ` · ${String(d.uuid).slice(0, 12)}` : ''}`,
+      used !== null ? ` · ${used} of ${d.slots} slot${d.slots === 1 ? '' : 's'} busy` : '');
+  }
+
+  function sameDevice(a, b) {
+    if (!a || !b) return false;
+    return a.uuid && b.uuid ? a.uuid === b.uuid : a.index === b.index;
+  }
+
+  function deviceText(d) {
+    if (!d) return 'no GPU';
+    const id = d.index ?? d.uuid ?? '?';
+    return d.name ? `${id}: ${d.name}` : `GPU ${id}`;
   }
 
   function childrenTable(children) {
     return h('div.table-wrap', h('table.stack',
-      h('thead', h('tr', ['PID', 'Run', 'Worker', 'Progress', 'RSS', 'GPU', 'Elapsed'].map((c) => h('th', { scope: 'col' }, c)))),
+      h('thead', h('tr', ['PID', 'Run', 'Worker', 'Device', 'Progress', 'RSS', 'GPU', 'Elapsed'].map((c) => h('th', { scope: 'col' }, c)))),
       h('tbody', children.map((c) => {
         const p = c.progress || {};
         const prog = p.total ? `${number(p.done ?? 0)}/${number(p.total)}` : p.done !== undefined ? number(p.done) : '—';
@@ -100,6 +114,7 @@ export function mount(main, route, ctx) {
           h('td.num', { 'data-label': 'PID' }, c.pid ?? '—'),
           h('td', { 'data-label': 'Run' }, runId ? h('a.mono', { href: `#/runs/${runId}` }, shortId(runId)) : '—'),
           h('td', { 'data-label': 'Worker' }, c.worker || c.worker_name || '—'),
+          h('td', { 'data-label': 'Device', class: 'device' }, deviceText(c.device)),
           h('td', { 'data-label': 'Progress' }, prog),
           h('td.num', { 'data-label': 'RSS' }, bytes(c.rss_bytes ?? c.rss)),
           h('td.num', { 'data-label': 'GPU' }, c.gpu_memory_bytes ?? c.gpu_memory ? bytes(c.gpu_memory_bytes ?? c.gpu_memory) : '—'),
