@@ -258,7 +258,7 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     link = ParentLink(channel, run)
     link.retitle("starting")
 
-    from scrinalia.db.engine import create_engine_from_url
+    from scrinalia.db.engine import ServerFacts, create_engine_from_url
     from scrinalia.domains.archive.workers.sdk import LeaseLost, RunCancelled, RunContext
 
     if catalogue is None:
@@ -275,12 +275,17 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     if spec is None:
         return fail(f"UnknownWorker: no worker named {run.worker_name!r} in this runner's catalogue")
 
+    # The engine connects on the first statement only (a worker that never reads the database beyond
+    # its settings opens one session), and its first connection asks the server nothing: the
+    # supervisor passed what the dialect would ask (ServerFacts).
+    facts = assign.get("server_facts")
     engine = create_engine_from_url(
         assign["database_url"],
         application_name="scrinalia-runner-child",
         pool_size=2,
         max_overflow=4,
         connect_args=assign.get("connect_args") or {},
+        server_facts=ServerFacts.from_json(facts) if facts else None,
     )
     try:
         resolved = spec.resolve(engine, run.request or {})

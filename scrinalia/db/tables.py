@@ -125,7 +125,8 @@ archive_worker_runners = Table(
     Column("drain_requested_by", Text),
     CheckConstraint("lease_seconds > heartbeat_seconds", name="ck_runner_lease_exceeds_heartbeat"),
     CheckConstraint("concurrency >= 1", name="ck_runner_concurrency_positive"),
-    Index("ix_runners_last_heartbeat", "last_heartbeat_at"),
+    # No index on last_heartbeat_at (migration 0003): every heartbeat changes it, and an index on it
+    # would make each beat a non-HOT update.
 )
 
 # --- schedules and settings ------------------------------------------------------------------------
@@ -187,8 +188,9 @@ archive_worker_runs = Table(
     "archive_worker_runs",
     metadata,
     Column("id", BigInteger, Identity(always=True), primary_key=True),
+    # Time-ordered (UUIDv7, made by the database: migration 0003), so inserts append to the index.
     Column("run_id", UUID(as_uuid=True), nullable=False, unique=True,
-           server_default=text("gen_random_uuid()")),
+           server_default=text("archive_uuid_v7()")),
     Column("worker_name", String(WORKER_NAME_MAX), nullable=False),
     Column("status", run_status, nullable=False, server_default="QUEUED"),
     Column("trigger", run_trigger, nullable=False),
