@@ -19,6 +19,12 @@ Also: ``ix_runners_last_heartbeat`` goes. No query filters or sorts the registry
 ``last_heartbeat_at``, and an index on the column every heartbeat changes makes each beat a non-HOT
 update (a new entry in every index of the table, and a table that autovacuum keeps revisiting). Without
 it a beat is a HOT update, pruned in place.
+
+And ``ix_worker_runs_claim`` (QUEUED) and ``ix_worker_runs_lease`` (RUNNING) go: with one active run
+per worker (``uq_worker_run_active``, the slot), the active rows are at most one per worker and
+``uq_worker_run_active`` (QUEUED or RUNNING) already holds exactly them, as ``ix_worker_runs_runner``
+holds the RUNNING ones; the claim reads the former, expiry the latter, at a cost that does not grow with
+history. Each extra index was one more index entry (and WAL record) per enqueue or claim.
 """
 from alembic import op
 
@@ -48,9 +54,15 @@ def upgrade() -> None:
     op.execute(UUID_V7_FUNCTION)
     op.execute("ALTER TABLE archive_worker_runs ALTER COLUMN run_id SET DEFAULT archive_uuid_v7()")
     op.execute("DROP INDEX IF EXISTS ix_runners_last_heartbeat")
+    op.execute("DROP INDEX IF EXISTS ix_worker_runs_claim")
+    op.execute("DROP INDEX IF EXISTS ix_worker_runs_lease")
 
 
 def downgrade() -> None:
+    op.execute("CREATE INDEX IF NOT EXISTS ix_worker_runs_lease ON archive_worker_runs (lease_expires_at) "
+               "WHERE status = 'RUNNING'")
+    op.execute("CREATE INDEX IF NOT EXISTS ix_worker_runs_claim ON archive_worker_runs (queued_at, id) "
+               "WHERE status = 'QUEUED'")
     op.execute("CREATE INDEX IF NOT EXISTS ix_runners_last_heartbeat ON archive_worker_runners (last_heartbeat_at)")
     op.execute("ALTER TABLE archive_worker_runs ALTER COLUMN run_id SET DEFAULT gen_random_uuid()")
     op.execute("DROP FUNCTION IF EXISTS archive_uuid_v7()")

@@ -94,7 +94,10 @@ class LocalCluster:
             "-A", "trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync",
         ]))
 
-    def start(self, *, fsync: bool = True, max_connections: int = 200) -> None:
+    def start(self, *, fsync: bool = True, max_connections: int = 200,
+              settings: dict[str, str] | None = None) -> None:
+        """Start the server; ``settings`` are extra ``-c name=value`` server settings (a bench loads
+        ``pg_stat_statements`` with ``shared_preload_libraries``)."""
         if self.is_running():
             return
         self.socket_dir.mkdir(parents=True, exist_ok=True)
@@ -103,6 +106,7 @@ class LocalCluster:
             f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1"
             f" -c max_connections={max_connections} -c fsync={'on' if fsync else 'off'}"
             f" -c synchronous_commit={'on' if fsync else 'off'} -c full_page_writes={'on' if fsync else 'off'}"
+            + "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
         )
         log = self.data_dir.parent / "postgres.log"
         log.touch()

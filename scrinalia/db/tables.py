@@ -228,13 +228,12 @@ archive_worker_runs = Table(
     CheckConstraint(f"char_length(error) <= {ERROR_MAX}", name="ck_run_error_length"),
     CheckConstraint(f"exit_reason IN ({_quoted_reasons})", name="ck_run_exit_reason"),
     CheckConstraint("attempt >= 1", name="ck_run_attempt_positive"),
-    # One slot per worker: the queue is a slot, not a backlog (ADR 0014, decision 2).
+    # One slot per worker: the queue is a slot, not a backlog (ADR 0014, decision 2). It holds exactly the
+    # active rows (at most one per worker), so the claim reads it whatever the history (migration 0003
+    # dropped the separate QUEUED and lease indexes: one index entry fewer per enqueue and per claim).
     Index("uq_worker_run_active", "worker_name", unique=True,
           postgresql_where=text(f"status IN ({_quoted_statuses})")),
-    # The claim reads only QUEUED rows; the index holds only them, so history does not slow it.
-    Index("ix_worker_runs_claim", "queued_at", "id", postgresql_where=text("status = 'QUEUED'")),
     # Lease expiry and the heartbeat read only RUNNING rows.
-    Index("ix_worker_runs_lease", "lease_expires_at", postgresql_where=text("status = 'RUNNING'")),
     Index("ix_worker_runs_runner", "runner_id", postgresql_where=text("status = 'RUNNING'")),
     # Last run per worker, the runs list and its filters (keyset on id).
     Index("ix_worker_runs_worker_id", "worker_name", text("id DESC")),
