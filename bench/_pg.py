@@ -87,11 +87,21 @@ class ServerCost:
                     "SELECT count(*) FILTER (WHERE fpi_length > 0), coalesce(sum(fpi_length), 0) "
                     "FROM pg_get_wal_records_info(:a, :b)"), {"a": self.lsn, "b": end}).one()
                 out["fpi_count"], out["fpi_bytes"] = int(fpi[0]), int(fpi[1])
+                # Where the bytes went: resource manager and relation (this database's, else its number).
+                out["wal_by_relation"] = [
+                    (r.rmgr, r.rel, int(r.bytes)) for r in conn.execute(text(
+                        "SELECT w.resource_manager AS rmgr, "
+                        "coalesce(c.relname, w.rel, '-') AS rel, sum(w.record_length + w.fpi_length) AS bytes "
+                        "FROM (SELECT resource_manager, record_length, fpi_length, "
+                        "      substring(block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)') AS rel "
+                        "      FROM pg_get_wal_records_info(:a, :b)) AS w "
+                        "LEFT JOIN pg_class c ON c.relfilenode::text = w.rel "
+                        "GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 10"), {"a": self.lsn, "b": end})]
             if self.has_statements:
                 rows = conn.execute(text(
                     "SELECT query, calls, total_exec_time FROM pg_stat_statements "
                     "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-                    "AND query !~ 'pg_stat_statements|pg_current_wal_lsn|pg_wal_lsn_diff|pg_get_wal_stats|CHECKPOINT' "
+                    "AND query !~ 'pg_stat_statements|pg_current_wal_lsn|pg_wal_lsn_diff|pg_get_wal|CHECKPOINT' "
                     "ORDER BY calls DESC")).all()
                 out["statements"] = int(sum(r.calls for r in rows))
                 out["exec_ms"] = round(sum(r.total_exec_time for r in rows), 3)

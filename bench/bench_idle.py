@@ -83,6 +83,7 @@ def idle(url: str, engine, tmp: Path, runners: int, seconds: float) -> dict:
         out["by_statement_per_s"] = [(q, round(n / seconds, 3)) for q, n in spent["by_statement"]]
     if "fpi_bytes" in spent:
         out["fpi_bytes_per_s"] = round(spent["fpi_bytes"] / seconds, 1)
+        out["wal_by_relation_per_s"] = [(m, r, round(b / seconds, 1)) for m, r, b in spent["wal_by_relation"]]
     return out
 
 

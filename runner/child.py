@@ -259,7 +259,13 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     link.retitle("starting")
 
     from scrinalia.db.engine import ServerFacts, create_engine_from_url
-    from scrinalia.domains.archive.workers.sdk import LeaseLost, RunCancelled, RunContext
+    from scrinalia.domains.archive.workers.sdk import (
+        DatabaseLayer,
+        LeaseLost,
+        PersistedSettings,
+        RunCancelled,
+        RunContext,
+    )
 
     if catalogue is None:
         preload_modules(assign.get("preload") or ())
@@ -287,8 +293,14 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
         connect_args=assign.get("connect_args") or {},
         server_facts=ServerFacts.from_json(facts) if facts else None,
     )
+    # The supervisor read the worker's persisted settings (the resolver's database part) on its own warm
+    # connection; an LLM_CHECK worker still reads its rule here, at claim.
+    known = assign.get("persisted_settings")
+    layer = None
+    if known is not None and spec.engine_source != "llm_check_rule":
+        layer = DatabaseLayer(settings={run.worker_name: PersistedSettings.from_row(known["row"])})
     try:
-        resolved = spec.resolve(engine, run.request or {})
+        resolved = spec.resolve(engine, run.request or {}, layer=layer)
     except Exception as exc:
         return fail(format_error(exc))
     link.batch_size = getattr(resolved, "db_batch_size", None)

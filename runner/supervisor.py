@@ -46,6 +46,7 @@ from runner.outcome import Outcome, decide
 from scrinalia.db.engine import ServerFacts
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.ledger import WorkerRun
+from scrinalia.domains.archive.worker_settings import get_settings
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -564,6 +565,7 @@ class Supervisor:
         child = Child(run=run, pid=pid, channel=ours, output_fd=out_r, claimed_at=claimed_at,
                       oom_kills_at_start=procinfo.oom_kill_counter())
         self.children[pid] = child
+        persisted = self._persisted_settings(run.worker_name)  # while the child starts
         try:
             facts = ServerFacts.of(self.engine)
             wire.send(ours, "assign", {
@@ -572,6 +574,9 @@ class Supervisor:
                 "connect_args": self.child_connect_args,
                 # What the child's engine would otherwise ask its first connection (decision 0073).
                 "server_facts": facts.to_json() if facts is not None else None,
+                # The resolver's read, made here on a warm connection: a child that never touches the
+                # database beyond it opens no session at all (decision 0074). None: the child reads it.
+                "persisted_settings": persisted,
                 "preload": list(self.launcher.child_preload),
             })
         except OSError as exc:
@@ -579,6 +584,13 @@ class Supervisor:
         ours.setblocking(False)
         log.info("run %s (%s) -> child %d", run.run_id, run.worker_name, pid)
         return child
+
+    def _persisted_settings(self, worker_name: str) -> dict[str, Any] | None:
+        """``{"row": the worker's archive_worker_settings row or None}``, or None when it could not be read."""
+        try:
+            return {"row": self._db("settings", get_settings, worker_name)}
+        except DatabaseDown:
+            return None
 
     def _send(self, child: Child, kind: str, payload: dict[str, Any] | None = None) -> None:
         try:

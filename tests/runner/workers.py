@@ -131,3 +131,12 @@ ALL = [
     _spec("committer", run_committer),
     *[_spec(f"sleepy-{i:02d}", run_slow) for i in range(16)],
 ]
+
+
+def run_sessions(ctx: RunContext) -> dict[str, Any]:
+    """Touches no database: reports how many sessions its engine opened (the resolver's read included)."""
+    pool = ctx.engine.pool
+    return {"sessions": pool.checkedin() + pool.checkedout(), "options": dict(ctx.options)}
+
+
+ALL.append(_spec("sessions", run_sessions))
