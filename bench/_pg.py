@@ -82,7 +82,13 @@ class ServerCost:
             end = conn.execute(text("SELECT pg_current_wal_lsn()")).scalar_one()
             out = {"wal_bytes": int(conn.execute(text("SELECT pg_wal_lsn_diff(:b, :a)"),
                                                  {"a": self.lsn, "b": end}).scalar_one())}
-            if self.has_walinspect:
+            # pg_walinspect reads flushed WAL only: bound the window by the flush position.
+            flushed = conn.execute(text("SELECT LEAST(CAST(:b AS pg_lsn), pg_current_wal_flush_lsn()) > CAST(:a AS pg_lsn), "
+                                        "LEAST(CAST(:b AS pg_lsn), pg_current_wal_flush_lsn())"),
+                                   {"a": self.lsn, "b": end}).one()
+            if flushed[0]:
+                end = flushed[1]
+            if self.has_walinspect and flushed[0]:
                 fpi = conn.execute(text(
                     "SELECT count(*) FILTER (WHERE fpi_length > 0), coalesce(sum(fpi_length), 0) "
                     "FROM pg_get_wal_records_info(:a, :b)"), {"a": self.lsn, "b": end}).one()

@@ -59,10 +59,13 @@ def checkpoint(engine) -> None:
         conn.execute(text("CHECKPOINT"))
 
 
-def cycles(engine, runner_id: uuid.UUID, samples: int, cost: ServerCost) -> dict:
-    """``samples`` enqueue+claim+finish cycles in one cost window; claim timed."""
+def cycles(engine, runner_id: uuid.UUID, samples: int, cost: ServerCost, after_checkpoint: bool = True) -> dict:
+    """``samples`` enqueue+claim+finish cycles in one cost window; claim timed. ``after_checkpoint``: the
+    window starts with a CHECKPOINT (every page's first write in it is a full-page image); else it
+    follows the previous window (the hot pages already imaged: a busy queue's steady state)."""
     claims = []
-    checkpoint(engine)
+    if after_checkpoint:
+        checkpoint(engine)
     cost.start()
     for i in range(samples):
         queued = ledger.enqueue(engine, WORKERS[i % len(WORKERS)], {})
@@ -120,6 +123,9 @@ def main() -> None:
                    **cycles(engine, runner_id, args.samples, cost), **expiries(engine, 100)}
             results.append(row)
             print(json.dumps(row), flush=True)
+            steady = cycles(engine, runner_id, args.samples, cost, after_checkpoint=False)
+            print(json.dumps({"history_rows": size, "window": "steady (no checkpoint before it)",
+                              **{k: v for k, v in steady.items() if k != "top_statements"}}), flush=True)
         # The same cycle with the old default (random UUIDv4 run ids), same database, same size.
         with engine.begin() as conn:
             conn.execute(text("ALTER TABLE archive_worker_runs ALTER COLUMN run_id SET DEFAULT gen_random_uuid()"))
