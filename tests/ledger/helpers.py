@@ -6,6 +6,7 @@ import uuid
 
 from sqlalchemy import Engine
 
+from scrinalia.db import migrate
 from scrinalia.domains.archive import registry
 
 
@@ -20,7 +21,7 @@ def register_runner(engine: Engine, capabilities: list[str], *, lease: float = 6
             hostname=socket.gethostname(),
             pid=1,
             package_version="test",
-            schema_revision="0001_initial",
+            schema_revision=migrate.head_revision(),
             capabilities=capabilities,
             concurrency=1,
             heartbeat_seconds=min(heartbeat, lease / 4),
