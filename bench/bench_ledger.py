@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 import time
 import uuid
@@ -98,10 +99,41 @@ def expiries(engine, samples: int) -> dict:
     return {"expire_p50_ms": round(percentile(times, 0.5), 3), "expire_p95_ms": round(percentile(times, 0.95), 3)}
 
 
+def peer(url: str, python: str, history: int, samples: int) -> dict:
+    """bench/peer_procrastinate.py in its own venv, against a new database of this cluster."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    name = f"{u.database}_peer"
+    admin = create_engine(u.set(drivername="postgresql+psycopg", database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        db = create_engine(u.set(drivername="postgresql+psycopg", database=name), isolation_level="AUTOCOMMIT")
+        with db.connect() as conn:
+            conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+        db.dispose()
+        conninfo = f"host={u.host} port={u.port} user={u.username} dbname={name}"
+        done = subprocess.run([python, str(Path(__file__).with_name("peer_procrastinate.py")), conninfo,
+                               "--history", str(history), "--samples", str(samples)],
+                              capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            return {"peer": "procrastinate", "error": done.stderr.strip().splitlines()[-1:]}
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--peer-python", default=None,
+                        help="a Python with procrastinate installed (a separate venv under /tmp): the same "
+                             "cycle through Procrastinate in a database of the same cluster, same history")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     results = []
@@ -134,6 +166,8 @@ def main() -> None:
         print(json.dumps(v4), flush=True)
         with engine.begin() as conn:
             conn.execute(text("ALTER TABLE archive_worker_runs ALTER COLUMN run_id SET DEFAULT archive_uuid_v7()"))
+        if args.peer_python:
+            print(json.dumps(peer(url, args.peer_python, have, args.samples)), flush=True)
         # The plans at the largest size, with one QUEUED and one RUNNING row present.
         ledger.enqueue(engine, WORKERS[0], {})
         claim_plan = explain(engine, ledger._CLAIM_NEXT.text,
