@@ -1,6 +1,7 @@
 """Small builders shared by the ledger tests."""
 from __future__ import annotations
 
+import re
 import socket
 import uuid
 
@@ -55,15 +56,21 @@ class WireTrace:
     def statements(self) -> list[str]:
         self._file.flush()
         self._file.seek(0)
+        messages: list[str] = []
+        for line in self._file:  # a message is one line, unless its SQL has newlines (continuation lines)
+            if re.match(r"^\S+ \S+\t[FB]\t", line) or not messages:
+                messages.append(line)
+            else:
+                messages[-1] += line
+        self._file.seek(0, 2)
         out = []
-        for line in self._file:
-            parts = line.rstrip("\n").split("\t")
+        for message in messages:
+            parts = message.split("\t", 4)
             if len(parts) > 4 and parts[1] == "F" and parts[3] in ("Query", "Parse"):
-                sql = parts[4].strip()
-                if parts[3] == "Parse":  # Parse "name" "sql" ...
-                    sql = sql.split('" "', 1)[-1]
-                sql = " ".join(sql.strip('"').split())
+                body = parts[4].strip()
+                if parts[3] == "Parse":  # Parse "name" "sql" n-param-types...
+                    body = body[body.index('" "') + 2:]
+                sql = " ".join(body[1:body.rfind('"')].split())  # Query "sql"
                 if sql != ";":
                     out.append(sql)
-        self._file.seek(0, 2)
         return out
