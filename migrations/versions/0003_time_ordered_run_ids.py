@@ -8,7 +8,8 @@ A random UUIDv4 lands each insert (and each non-HOT update of a run) on a random
 index ``archive_worker_runs_run_id_key``; after a checkpoint each of those leaves is written whole to
 the WAL (a full-page image), which was most of the WAL of an enqueue+claim+finish cycle. A UUIDv7
 (RFC 9562: 48 bits of Unix milliseconds, then 12 bits of sub-millisecond fraction, then 62 random bits)
-puts every new run on the rightmost leaf, so a cycle touches one hot page instead of a cold one.
+puts every new run next to the previous one (the leaf that holds the newest ids), so a cycle touches a
+hot page instead of a cold one.
 
 The value is made by the database (``clock_timestamp()``: the database's clock, never a client's), so
 run ids are ordered like their ``queued_at``, also across API processes and hosts. The 12-bit
@@ -21,14 +22,15 @@ update (a new entry in every index of the table, and a table that autovacuum kee
 it a beat is a HOT update, pruned in place.
 
 The registry table is re-analysed far less often (``autovacuum_analyze_threshold`` 10000): every
-heartbeat counts as a modification, so autovacuum re-analysed a table of a few rows every minute or so
-(~1 KB/s of pg_statistic WAL with 10 idle runners) although a beat changes nothing statistics describe.
+heartbeat counts as a modification, so by the default threshold (50 + 10% of the rows) ten runners made
+a table of a few rows due for an autoanalyze (pg_statistic rewrites, WAL) about every 75 s, although a
+beat changes nothing statistics describe.
 
 And ``ix_worker_runs_claim`` (QUEUED) and ``ix_worker_runs_lease`` (RUNNING) go: with one active run
 per worker (``uq_worker_run_active``, the slot), the active rows are at most one per worker and
 ``uq_worker_run_active`` (QUEUED or RUNNING) already holds exactly them, as ``ix_worker_runs_runner``
-holds the RUNNING ones; the claim reads the former, expiry the latter, at a cost that does not grow with
-history. Each extra index was one more index entry (and WAL record) per enqueue or claim.
+holds the RUNNING ones; the claim and expiry read those (or the QUEUED range of
+``ix_worker_runs_status_id``) at a cost that does not grow with history. Each extra index was one more index entry (and WAL record) per enqueue or claim.
 """
 from alembic import op
 
