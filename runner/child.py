@@ -261,9 +261,15 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     link = ParentLink(channel, run)
     link.retitle("starting")
 
-    from scrinalia.db.engine import create_engine_from_url
+    from scrinalia.db.engine import ServerFacts, create_engine_from_url
     from scrinalia.domains.archive.errors import InvalidRunRequest
-    from scrinalia.domains.archive.workers.sdk import LeaseLost, RunCancelled, RunContext
+    from scrinalia.domains.archive.workers.sdk import (
+        DatabaseLayer,
+        LeaseLost,
+        PersistedSettings,
+        RunCancelled,
+        RunContext,
+    )
 
     if catalogue is None:
         preload_modules(assign.get("preload") or ())
@@ -282,15 +288,26 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     if spec is None:
         return fail(f"UnknownWorker: no worker named {run.worker_name!r} in this runner's catalogue")
 
+    # The engine connects on the first statement only (a worker that never reads the database beyond
+    # its settings opens one session), and its first connection asks the server nothing: the
+    # supervisor passed what the dialect would ask (ServerFacts).
+    facts = assign.get("server_facts")
     engine = create_engine_from_url(
         assign["database_url"],
         application_name="scrinalia-runner-child",
         pool_size=2,
         max_overflow=4,
         connect_args=assign.get("connect_args") or {},
+        server_facts=ServerFacts.from_json(facts) if facts else None,
     )
+    # The supervisor read the worker's persisted settings (the resolver's database part) on its own warm
+    # connection; an LLM_CHECK worker still reads its rule here, at claim.
+    known = assign.get("persisted_settings")
+    layer = None
+    if known is not None and spec.engine_source != "llm_check_rule":
+        layer = DatabaseLayer(settings={run.worker_name: PersistedSettings.from_row(known["row"])})
     try:
-        resolved = spec.resolve(engine, run.request or {})
+        resolved = spec.resolve(engine, run.request or {}, layer=layer)
     except Exception as exc:
         return fail(format_error(exc))
     link.batch_size = getattr(resolved, "db_batch_size", None)

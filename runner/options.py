@@ -83,6 +83,13 @@ class RunnerOptions:
         """
         return min(self.heartbeat_seconds, self.lease_seconds - self.heartbeat_seconds) / 2
 
+    @property
+    def expiry_seconds(self) -> float:
+        """How often a daemon runs ``expire_leases``: a quarter of the lease. A dead runner's rows are
+        then closed at most lease + lease/4 (+ one poll) after its last heartbeat, by any live daemon,
+        instead of every daemon asking on every poll (decision 0072)."""
+        return self.lease_seconds / 4
+
 def parse_list(value: str | None) -> tuple[str, ...]:
     """'a, b,,c' -> ('a', 'b', 'c'); 'none' or '' -> ()."""
     if value is None:

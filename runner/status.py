@@ -27,7 +27,9 @@ STATUS_FIELDS: dict[str, str] = {
     "drain_reason": "why it drains, or null",
     "drain_deadline_seconds": "seconds until the remaining children are stopped, or null",
     "database": "{state: ok|unreachable|unknown, error: the last error's class or null, "
-                "last_heartbeat_age_seconds: seconds since the last renewed heartbeat}",
+                "last_heartbeat_age_seconds: seconds since the last renewed heartbeat, "
+                "statements: protocol statements sent since start, by step (heartbeat, claim, "
+                "expire_leases, record_start, finish, ...)}",
     "lease_margin_seconds": "seconds left on the lease of the last heartbeat (the children are killed at "
                             "fence_margin_seconds), or null before the first heartbeat",
     "fence_margin_seconds": "the margin at which the supervisor self-fences",
@@ -69,6 +71,7 @@ def supervisor_status(sup: Any) -> dict[str, Any]:
             "error": sup.db_error,
             "last_heartbeat_age_seconds": round(now - sup.last_heartbeat_ok, 3)
             if sup.last_heartbeat_ok is not None else None,
+            "statements": dict(sup.statements),
         },
         "lease_margin_seconds": round(margin, 3) if margin != float("inf") else None,
         "fence_margin_seconds": round(sup.options.fence_margin, 3),

@@ -11,7 +11,8 @@ it (a signal through the self-pipe, a child's message, an exit report, a control
     heartbeat ONE statement per interval: the registry row + every RUNNING row of this runner
               (a row missing from its answer is lost: SIGKILL that child, write nothing more)
     deadlines --max-runtime, the cancel grace, the drain timeout, SIGTERM -> SIGKILL escalation
-    poll      ``expire_leases``, then claim while a slot is free, one child per claim
+    poll      claim while a slot is free, one child per claim; ``expire_leases`` on its own cadence
+              (at start, then every lease/4: it only has to be faster than the lease, not every poll)
 
 There are no threads writing to the ledger, no callbacks from signal handlers: a signal handler only
 writes the signal number to the self-pipe (``signal.set_wakeup_fd``), the loop reads it.
@@ -43,8 +44,10 @@ from runner.launchers import ChildExit, Launcher, signal_name
 from runner.options import RunnerOptions
 from runner.outcome import Outcome, decide
 
+from scrinalia.db.engine import ServerFacts
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.ledger import WorkerRun
+from scrinalia.domains.archive.worker_settings import get_settings
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -180,6 +183,9 @@ class Supervisor:
         self.lease_deadline: float | None = None
         self.next_heartbeat = 0.0
         self.next_poll = 0.0
+        self.next_expiry = 0.0
+        self.last_children: list[dict[str, Any]] | None = None  # the registry's snapshot, as last written
+        self.statements: dict[str, int] = {}  # protocol statements sent, by step (the status shows them)
         self.next_watchdog = 0.0
         self.interrupts = 0
         self.exit_code = 0
@@ -193,7 +199,7 @@ class Supervisor:
 
     def open(self) -> None:
         """Install the signal handlers (a signal from now on waits in the self-pipe for the loop), register,
-        start the launcher. The daemon also expires stale leases (at start, then on each poll)."""
+        start the launcher. The daemon also expires stale leases (at start, then every ``expiry_seconds``)."""
         if self.install_signals:
             self._install_signals()
         registry.register(self.engine, self.registration)
@@ -419,6 +425,7 @@ class Supervisor:
     # --- the database ---------------------------------------------------------------------------------
 
     def _db(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self.statements[what] = self.statements.get(what, 0) + 1
         try:
             result = fn(self.engine, *args, **kwargs)
         except SQLAlchemyError as exc:
@@ -433,6 +440,7 @@ class Supervisor:
         return result
 
     def _expire_leases(self) -> None:
+        self.next_expiry = time.monotonic() + self.options.expiry_seconds
         try:
             expired = self._db("expire_leases", ledger.expire_leases)
         except DatabaseDown:
@@ -454,13 +462,15 @@ class Supervisor:
         progress = {c.run.run_id: c.progress for c in self.children.values() if c.progress and not c.lost}
         snapshot = [c.snapshot(sent) for c in self.children.values() if not c.lost]
         try:
+            # An unchanged snapshot (an idle runner's []) is not sent: the row keeps the one it has.
             beat = self._db(
                 "heartbeat", ledger.heartbeat, self.runner_id, self.options.lease_seconds,
-                progress=progress, children=snapshot,
+                progress=progress, children=None if snapshot == self.last_children else snapshot,
             )
         except DatabaseDown:
             self.next_heartbeat = sent + min(1.0, self.options.heartbeat_seconds)
             return
+        self.last_children = snapshot
         self.next_heartbeat = sent + self.options.heartbeat_seconds
         self.last_heartbeat_ok = sent
         # Measured from before the statement was sent: conservative by the round trip.
@@ -529,7 +539,8 @@ class Supervisor:
         self.next_poll = time.monotonic() + self.options.poll_seconds
         if self.db_state == "unreachable":
             return  # the heartbeat's retry is the probe: our own rows are renewed before anything expires
-        self._expire_leases()
+        if time.monotonic() >= self.next_expiry:
+            self._expire_leases()
         if self.devices is not None and self.devices.devices and self.children:
             self._sample_resources()  # the memory rule reads what the children use now
         while self._may_claim():
@@ -589,12 +600,19 @@ class Supervisor:
                       oom_kills_at_start=procinfo.oom_kill_counter(), device=device,
                       gpu_need_bytes=self.devices.need(run.worker_name).memory_bytes if device is not None else None)
         self.children[pid] = child
+        persisted = self._persisted_settings(run.worker_name)  # while the child starts
         try:
+            facts = ServerFacts.of(self.engine)
             wire.send(ours, "assign", {
                 "run": run,
                 "env": child_env(device) if self.devices is not None else {},
                 "database_url": self.database_url,
                 "connect_args": self.child_connect_args,
+                # What the child's engine would otherwise ask its first connection (decision 0073).
+                "server_facts": facts.to_json() if facts is not None else None,
+                # The resolver's read, made here on a warm connection: a child that never touches the
+                # database beyond it opens no session at all (decision 0074). None: the child reads it.
+                "persisted_settings": persisted,
                 "preload": list(self.launcher.child_preload),
             })
         except OSError as exc:
@@ -603,6 +621,13 @@ class Supervisor:
         log.info("run %s (%s) -> child %d%s", run.run_id, run.worker_name, pid,
                  f" on GPU {device.key}" if device is not None else "")
         return child
+
+    def _persisted_settings(self, worker_name: str) -> dict[str, Any] | None:
+        """``{"row": the worker's archive_worker_settings row or None}``, or None when it could not be read."""
+        try:
+            return {"row": self._db("settings", get_settings, worker_name)}
+        except DatabaseDown:
+            return None
 
     def _send(self, child: Child, kind: str, payload: dict[str, Any] | None = None) -> None:
         try:

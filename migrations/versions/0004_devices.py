@@ -1,7 +1,7 @@
 """GPU devices: the CUDA exit reasons of a run (cuda-error, cuda-oom).
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0003
 Create Date: 2026-12-01
 
 A child that dies of a CUDA error ends FAILED with ``exit_reason`` ``cuda-error`` (a device-side
@@ -16,7 +16,7 @@ wrong: it was not the OOM killer), so both become ``exception``; the error text 
 from alembic import op
 
 revision = "0004"
-down_revision = "0002"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

@@ -151,7 +151,8 @@ archive_worker_runners = Table(
     Column("drain_requested_by", Text),
     CheckConstraint("lease_seconds > heartbeat_seconds", name="ck_runner_lease_exceeds_heartbeat"),
     CheckConstraint("concurrency >= 1", name="ck_runner_concurrency_positive"),
-    Index("ix_runners_last_heartbeat", "last_heartbeat_at"),
+    # No index on last_heartbeat_at (migration 0003): every heartbeat changes it, and an index on it
+    # would make each beat a non-HOT update.
 )
 
 # --- schedules and settings ------------------------------------------------------------------------
@@ -213,8 +214,9 @@ archive_worker_runs = Table(
     "archive_worker_runs",
     metadata,
     Column("id", BigInteger, Identity(always=True), primary_key=True),
+    # Time-ordered (UUIDv7, made by the database: migration 0003), so inserts append to the index.
     Column("run_id", UUID(as_uuid=True), nullable=False, unique=True,
-           server_default=text("gen_random_uuid()")),
+           server_default=text("archive_uuid_v7()")),
     Column("worker_name", String(WORKER_NAME_MAX), nullable=False),
     Column("status", run_status, nullable=False, server_default="QUEUED"),
     Column("trigger", run_trigger, nullable=False),
@@ -252,13 +254,12 @@ archive_worker_runs = Table(
     CheckConstraint(f"char_length(error) <= {ERROR_MAX}", name="ck_run_error_length"),
     CheckConstraint(f"exit_reason IN ({_quoted_reasons})", name="ck_run_exit_reason"),
     CheckConstraint("attempt >= 1", name="ck_run_attempt_positive"),
-    # One slot per worker: the queue is a slot, not a backlog (ADR 0014, decision 2).
+    # One slot per worker: the queue is a slot, not a backlog (ADR 0014, decision 2). It holds exactly the
+    # active rows (at most one per worker), so the claim reads it whatever the history (migration 0003
+    # dropped the separate QUEUED and lease indexes: one index entry fewer per enqueue and per claim).
     Index("uq_worker_run_active", "worker_name", unique=True,
           postgresql_where=text(f"status IN ({_quoted_statuses})")),
-    # The claim reads only QUEUED rows; the index holds only them, so history does not slow it.
-    Index("ix_worker_runs_claim", "queued_at", "id", postgresql_where=text("status = 'QUEUED'")),
     # Lease expiry and the heartbeat read only RUNNING rows.
-    Index("ix_worker_runs_lease", "lease_expires_at", postgresql_where=text("status = 'RUNNING'")),
     Index("ix_worker_runs_runner", "runner_id", postgresql_where=text("status = 'RUNNING'")),
     # Last run per worker, the runs list and its filters (keyset on id).
     Index("ix_worker_runs_worker_id", "worker_name", text("id DESC")),

@@ -211,3 +211,12 @@ ALL = [
     _spec("cuda-oom", run_cuda_oom),
     _spec("cuda-abort", run_cuda_abort),
 ]
+
+
+def run_sessions(ctx: RunContext) -> dict[str, Any]:
+    """Touches no database: reports how many sessions its engine opened (the resolver's read included)."""
+    pool = ctx.engine.pool
+    return {"sessions": pool.checkedin() + pool.checkedout(), "options": dict(ctx.options)}
+
+
+ALL.append(_spec("sessions", run_sessions))
