@@ -1,5 +1,7 @@
 """A PostgreSQL for benchmarks: BENCH_DATABASE_URL (a role that may CREATE DATABASE), else a private
-throwaway cluster made with the installed binaries, with PostgreSQL's default durability (fsync on)."""
+throwaway cluster made with the installed binaries, with PostgreSQL's default durability (fsync on) and
+``pg_stat_statements`` loaded; each bench database gets ``pg_stat_statements`` and ``pg_walinspect``
+where the server has them (``server_cost`` reads them)."""
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +26,8 @@ def bench_database(prefix: str = "bench") -> Iterator[str]:
         from scrinalia.db.local_cluster import LocalCluster
 
         cluster = LocalCluster.create(Path(tempfile.mkdtemp(prefix="scrinalia-bench-pg-")))
-        cluster.start(fsync=True, max_connections=300)
+        cluster.start(fsync=True, max_connections=300,
+                      settings={"shared_preload_libraries": "pg_stat_statements"})
         admin_url = cluster.url()
     admin = create_engine(make_url(admin_url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT")
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
@@ -33,6 +36,15 @@ def bench_database(prefix: str = "bench") -> Iterator[str]:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
         url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
         migrate.upgrade(url)
+        # What the cost benches read, where the server has them: statement counts and the WAL's contents.
+        probe = create_engine(make_url(url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT")
+        with probe.connect() as conn:
+            for extension in ("pg_stat_statements", "pg_walinspect"):
+                try:
+                    conn.execute(text(f"CREATE EXTENSION IF NOT EXISTS {extension}"))
+                except Exception:  # noqa: BLE001 - not loaded / not installed on BENCH_DATABASE_URL's server
+                    pass
+        probe.dispose()
         yield url
     finally:
         with admin.connect() as conn:
@@ -45,3 +57,59 @@ def bench_database(prefix: str = "bench") -> Iterator[str]:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+class ServerCost:
+    """Statements (pg_stat_statements, this database only), WAL bytes (LSN delta) and full-page images
+    (pg_walinspect) over a window. Cluster-wide WAL includes autovacuum and checkpoints: that is the cost."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        with engine.connect() as conn:
+            self.has_statements = conn.execute(text(
+                "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'")).scalar_one() == 1
+            self.has_walinspect = conn.execute(text(
+                "SELECT count(*) FROM pg_extension WHERE extname = 'pg_walinspect'")).scalar_one() == 1
+
+    def start(self) -> None:
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            if self.has_statements:
+                conn.execute(text("SELECT pg_stat_statements_reset()"))
+            self.lsn = conn.execute(text("SELECT pg_current_wal_lsn()")).scalar_one()
+
+    def stop(self) -> dict:
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            end = conn.execute(text("SELECT pg_current_wal_lsn()")).scalar_one()
+            out = {"wal_bytes": int(conn.execute(text("SELECT pg_wal_lsn_diff(:b, :a)"),
+                                                 {"a": self.lsn, "b": end}).scalar_one())}
+            # pg_walinspect reads flushed WAL only: bound the window by the flush position.
+            flushed = conn.execute(text("SELECT LEAST(CAST(:b AS pg_lsn), pg_current_wal_flush_lsn()) > CAST(:a AS pg_lsn), "
+                                        "LEAST(CAST(:b AS pg_lsn), pg_current_wal_flush_lsn())"),
+                                   {"a": self.lsn, "b": end}).one()
+            if flushed[0]:
+                end = flushed[1]
+            if self.has_walinspect and flushed[0]:
+                fpi = conn.execute(text(
+                    "SELECT count(*) FILTER (WHERE fpi_length > 0), coalesce(sum(fpi_length), 0) "
+                    "FROM pg_get_wal_records_info(:a, :b)"), {"a": self.lsn, "b": end}).one()
+                out["fpi_count"], out["fpi_bytes"] = int(fpi[0]), int(fpi[1])
+                # Where the bytes went: resource manager and relation (this database's, else its number).
+                out["wal_by_relation"] = [
+                    (r.rmgr, r.rel, int(r.bytes)) for r in conn.execute(text(
+                        "SELECT w.resource_manager AS rmgr, "
+                        "coalesce(c.relname, w.rel, '-') AS rel, sum(w.record_length + w.fpi_length) AS bytes "
+                        "FROM (SELECT resource_manager, record_length, fpi_length, "
+                        "      substring(block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)') AS rel "
+                        "      FROM pg_get_wal_records_info(:a, :b)) AS w "
+                        "LEFT JOIN pg_class c ON c.relfilenode::text = w.rel "
+                        "GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 10"), {"a": self.lsn, "b": end})]
+            if self.has_statements:
+                rows = conn.execute(text(
+                    "SELECT query, calls, total_exec_time FROM pg_stat_statements "
+                    "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                    "AND query !~ 'pg_stat_statements|pg_current_wal_lsn|pg_wal_lsn_diff|pg_get_wal|CHECKPOINT' "
+                    "ORDER BY calls DESC")).all()
+                out["statements"] = int(sum(r.calls for r in rows))
+                out["exec_ms"] = round(sum(r.total_exec_time for r in rows), 3)
+                out["by_statement"] = [(" ".join(r.query.split())[:90], int(r.calls)) for r in rows[:12]]
+        return out

@@ -44,15 +44,26 @@ def _env(url: str) -> dict[str, str]:
     return env
 
 
+FAST = ("--heartbeat", "1", "--lease", "10", "--poll", "0.05")
+
+
 class Daemon:
-    def __init__(self, url: str, tmp: Path, name: str, *flags: str) -> None:
+    """A ``scrinalia-runner daemon``; ``timing`` replaces the bench's fast heartbeat/lease/poll (an empty
+    tuple: the defaults)."""
+
+    def __init__(self, url: str, tmp: Path, name: str, *flags: str, timing: tuple[str, ...] = FAST,
+                 wait: bool = True) -> None:
         self.sock = tmp / f"{name}.sock"
         self.log = open(tmp / f"{name}.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runner.cli", "daemon", "--name", name, "--socket", str(self.sock),
-             "--heartbeat", "1", "--lease", "10", "--poll", "0.05", *flags],
+             *timing, *flags],
             cwd=ROOT, env=_env(url), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + 120
         while True:
             try:
@@ -60,7 +71,7 @@ class Daemon:
                 return
             except (OSError, ValueError):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"daemon {name} did not start") from None
+                    raise RuntimeError(f"daemon {self.sock.stem} did not start") from None
                 time.sleep(0.05)
 
     def status(self):

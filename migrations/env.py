@@ -1,4 +1,7 @@
-"""Alembic environment: the URL comes from the application's settings (or the caller's config)."""
+"""Alembic environment: the URL comes from the caller's config or the application's settings, and the
+engine from the application's one engine factory, so the TLS settings (DB_SSLMODE, DB_SSLROOTCERT)
+apply to migrations as to every other connection (decision 0051). Works for ``scrinalia db upgrade``
+(the packaged migrations) and for ``alembic upgrade head`` from a checkout (alembic.ini)."""
 from __future__ import annotations
 
 from alembic import context
@@ -6,22 +9,21 @@ from sqlalchemy import pool
 
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.db.tables import metadata
+from scrinalia.settings import DatabaseUrl, load_settings
 
 config = context.config
 target_metadata = metadata
 
 
-def _url() -> str:
+def _url() -> DatabaseUrl:
     url = config.attributes.get("database_url") or config.get_main_option("sqlalchemy.url")
     if url:
-        return url
-    from scrinalia.settings import load_settings
-
-    return load_settings().database_url.render()
+        return url if isinstance(url, DatabaseUrl) else DatabaseUrl(url)
+    return load_settings().require_database_url()
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=_url(), target_metadata=target_metadata, literal_binds=True)
+    context.configure(url=_url().url, target_metadata=target_metadata, literal_binds=True)
     with context.begin_transaction():
         context.run_migrations()
 
@@ -33,12 +35,14 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = create_engine_from_url(_url(), poolclass=pool.NullPool)
-    with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=target_metadata)
-        with context.begin_transaction():
-            context.run_migrations()
-    engine.dispose()
+    engine = create_engine_from_url(_url(), application_name="scrinalia-migrate", poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            context.configure(connection=connection, target_metadata=target_metadata)
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:
+        engine.dispose()
 
 
 if context.is_offline_mode():

@@ -255,11 +255,21 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     if kind != "assign":
         raise RuntimeError(f"expected an assignment, got {kind!r}")
     run = assign["run"]
+    # The child's device (CUDA_VISIBLE_DEVICES), before anything here can initialise CUDA: the fork
+    # server imported torch without initialising it, and CUDA reads the variable at its first use.
+    os.environ.update(assign.get("env") or {})
     link = ParentLink(channel, run)
     link.retitle("starting")
 
-    from scrinalia.db.engine import create_engine_from_url
-    from scrinalia.domains.archive.workers.sdk import LeaseLost, RunCancelled, RunContext
+    from scrinalia.db.engine import ServerFacts, create_engine_from_url
+    from scrinalia.domains.archive.errors import InvalidRunRequest
+    from scrinalia.domains.archive.workers.sdk import (
+        DatabaseLayer,
+        LeaseLost,
+        PersistedSettings,
+        RunCancelled,
+        RunContext,
+    )
 
     if catalogue is None:
         preload_modules(assign.get("preload") or ())
@@ -268,22 +278,36 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
         catalogue = load_catalogue()
 
     def fail(error: str) -> int:
-        link.send("result", {"status": "FAILED", "error": error[:ERROR_MAX], "metrics": _metrics(None, 0)})
+        # Only configuration reaches here (an unknown worker, a request the resolver refuses): a retry
+        # would fail the same way, so the outcome says so (exit_reason "configuration", never retried).
+        link.send("result", {"status": "FAILED", "error": error[:ERROR_MAX], "reason": "configuration",
+                             "metrics": _metrics(None, 0)})
         return 1
 
     spec = catalogue.get(run.worker_name)
     if spec is None:
         return fail(f"UnknownWorker: no worker named {run.worker_name!r} in this runner's catalogue")
 
+    # The engine connects on the first statement only (a worker that never reads the database beyond
+    # its settings opens one session), and its first connection asks the server nothing: the
+    # supervisor passed what the dialect would ask (ServerFacts).
+    facts = assign.get("server_facts")
     engine = create_engine_from_url(
         assign["database_url"],
         application_name="scrinalia-runner-child",
         pool_size=2,
         max_overflow=4,
         connect_args=assign.get("connect_args") or {},
+        server_facts=ServerFacts.from_json(facts) if facts else None,
     )
+    # The supervisor read the worker's persisted settings (the resolver's database part) on its own warm
+    # connection; an LLM_CHECK worker still reads its rule here, at claim.
+    known = assign.get("persisted_settings")
+    layer = None
+    if known is not None and spec.engine_source != "llm_check_rule":
+        layer = DatabaseLayer(settings={run.worker_name: PersistedSettings.from_row(known["row"])})
     try:
-        resolved = spec.resolve(engine, run.request or {})
+        resolved = spec.resolve(engine, run.request or {}, layer=layer)
     except Exception as exc:
         return fail(format_error(exc))
     link.batch_size = getattr(resolved, "db_batch_size", None)
@@ -296,7 +320,7 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
         ctx = RunContext(run, resolved, engine, link, spec=spec)
     except TypeError:  # an SDK whose RunContext takes no spec
         ctx = RunContext(run, resolved, engine, link)
-    status, result, error = "SUCCESS", None, None
+    status, result, error, reason = "SUCCESS", None, None, None
     started = None
     if link.cancel_requested():
         status, result = "CANCELLED", {"done": 0, "cancelled": "before the worker started"}
@@ -314,12 +338,15 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
             status, error = "LEASE_LOST", format_error(exc)
         except BaseException as exc:  # a database error, KeyboardInterrupt, SystemExit too: the run failed
             status, error, result = "FAILED", format_error(exc), dict(ctx.result) or None
+            if isinstance(exc, InvalidRunRequest):  # e.g. EngineUnavailable: no model where the options say
+                reason = "configuration"
     link.send(
         "result",
         {
             "status": status,
             "result": _json_safe(result),
             "error": error,
+            "reason": reason,
             "progress": link.progress,
             "metrics": _metrics(started, ctx.done),
         },

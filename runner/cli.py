@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,13 @@ def daemon_options(func):
         click.option("--capabilities", default=None,
                      help="Comma-separated workers to claim (default: every worker of the catalogue)."),
         click.option("--concurrency", type=int, default=1, show_default=True, help="Children at most."),
+        click.option("--devices", default="auto", show_default=True,
+                     help="The GPUs this runner owns: auto (every device NVML lists; none without NVML), none "
+                          "(children see no GPU: GPU workers run on CPU), or indexes/UUIDs (0,1 or GPU-...). "
+                          "Each child gets one device as CUDA_VISIBLE_DEVICES; a GPU worker is claimed only "
+                          "while a device slot is free."),
+        click.option("--per-device", type=int, default=1, show_default=True,
+                     help="Children that may share one device."),
         click.option("--heartbeat", type=float, default=15.0, show_default=True, help="Seconds between heartbeats."),
         click.option("--lease", type=float, default=60.0, show_default=True,
                      help="Seconds a heartbeat renews the leases for; must exceed --heartbeat."),
@@ -116,8 +124,8 @@ def daemon_command(**flags: Any) -> None:
     sys.exit(run_daemon(**flags))
 
 
-def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain_timeout, max_runtime,
-               cancel_grace, kill_grace, preload, start_method, socket_path, log_level,
+def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbeat, lease, poll, drain_timeout,
+               max_runtime, cancel_grace, kill_grace, preload, start_method, socket_path, log_level,
                listen=None, listen_poll=10.0) -> int:
     setup_logging(log_level)
     from runner.wakeup import listen_default
@@ -130,6 +138,8 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
             name=name,
             capabilities=opts.parse_list(capabilities) or None,
             concurrency=concurrency,
+            devices=devices,
+            per_device=per_device,
             heartbeat_seconds=heartbeat,
             lease_seconds=lease,
             poll_seconds=poll,
@@ -150,9 +160,9 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    from runner.control import ControlServer, ControlSocketBusy
+    from runner.control import ControlServer, ControlSocketBusy, ControlSocketUnsafe
     from runner.database import SchemaBehind, check_schema, child_connect_args, parent_engine, registration
-    from runner.devices import GpuProbe
+    from runner.devices import DeviceError, DevicePlanner, GpuProbe, inventory, needs_of, parse_devices
     from runner.forkserver import ForkServerError, ForkServerLauncher
     from runner.launchers import SpawnLauncher
     from runner.sdnotify import Notifier
@@ -196,8 +206,23 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
         log.error("%s", exc)
         engine.dispose()
         return opts.EXIT_ALREADY_RUNNING
+    except ControlSocketUnsafe as exc:
+        log.error("control socket: %s", exc)
+        engine.dispose()
+        return opts.EXIT_USAGE
 
     gpu = GpuProbe()
+    nvml_devices = gpu.devices()
+    try:
+        owned = inventory(parse_devices(options.devices), nvml_devices)
+    except DeviceError as exc:
+        gpu.close()
+        control.close()
+        engine.dispose()
+        raise click.UsageError(str(exc)) from None
+    planner = DevicePlanner(owned, options.per_device, needs_of({c: catalogue[c] for c in capabilities}),
+                            free_memory=gpu.free_memory)
+    _log_devices(options, planner, nvml_devices)
     if options.start_method == "forkserver":
         launcher = ForkServerLauncher(options.preload, title=f"scrinalia-runner: fork server {options.name}")
     else:
@@ -209,10 +234,11 @@ def run_daemon(*, name, capabilities, concurrency, heartbeat, lease, poll, drain
         child_connect_args=child_connect_args(settings),
         launcher=launcher,
         registration=registration(options, capabilities, kind="daemon", schema_revision=revision,
-                                  devices=gpu.devices()),
+                                  devices=planner.registry_devices(nvml_devices)),
         mode="daemon",
         notifier=Notifier(),
         gpu=gpu,
+        devices=planner,
         control=control,
         wakeup=_wakeup(options, engine, capabilities, settings),
     )
@@ -245,6 +271,21 @@ def _wakeup(options: RunnerOptions, engine: Any, capabilities: list[str], settin
     return Wakeup.for_engine(engine, capabilities, **args)
 
 
+def _log_devices(options: RunnerOptions, planner: Any, nvml_devices: list[dict[str, Any]]) -> None:
+    """Say at start which GPUs the children get, and what cannot work with them."""
+    if not planner.devices:
+        why = ("--devices none" if options.devices == "none"
+               else "NVML lists no GPU (no driver, no device, or nvidia-ml-py missing)")
+        log.info("devices: none (%s): every child runs with CUDA_VISIBLE_DEVICES='' (GPU workers on CPU)", why)
+        return
+    log.info("devices: %s, %d child(ren) per device (%d device slots, --concurrency %d)%s",
+             ", ".join(d.key for d in planner.devices), planner.per_device, planner.slots, options.concurrency,
+             "" if nvml_devices else "; NVML does not answer: no memory rule, the slots alone decide")
+    for worker in planner.unfit_workers():
+        log.warning("worker %s declares %d bytes of GPU memory, more than any device of this runner has: "
+                    "it is never claimed here", worker, planner.need(worker).memory_bytes)
+
+
 # --- status -----------------------------------------------------------------------------------------
 
 
@@ -252,7 +293,8 @@ def _wakeup(options: RunnerOptions, engine: Any, capabilities: list[str], settin
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (fields: docs/operations.md, 'Runner').")
 @click.option("--all", "all_runners", is_flag=True, help="Every runner of the registry (online, stale, stopped).")
 @click.option("--socket", "socket_path", type=click.Path(path_type=Path), default=None,
-              help="A control socket (default: every *.sock of the runtime directory).")
+              help="A control socket (default: every *.sock of this session's runtime directory and of "
+                   "/run/scrinalia-runner, the systemd runner's).")
 @click.option("--name", default=None, help="The local runner with this --name.")
 def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, name: str | None) -> None:
     """Show the local supervisor's children (over its control socket), or the registry with --all."""
@@ -277,13 +319,13 @@ def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, n
             click.echo(status.render_registry(rows))
         return
 
+    looked: list[str] = []
     if socket_path is not None:
         paths = [socket_path]
     elif name is not None:
         paths = [opts.default_socket_path(name)]
     else:
-        directory = opts.runtime_dir()
-        paths = sorted(directory.glob("*.sock")) if directory.is_dir() else []
+        paths, looked = _sockets_in(opts.status_dirs())
     answers = []
     for path in paths:
         try:
@@ -291,12 +333,31 @@ def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, n
         except (OSError, ValueError) as exc:
             if socket_path is not None or name is not None:
                 _fail(1, f"no runner answers on {path} ({exc.__class__.__name__})")
+            looked.append(f"{path}: does not answer ({exc.__class__.__name__})")
     if not answers:
-        _fail(1, f"no runner answers in {opts.runtime_dir()} (use --socket PATH, or --all for the registry)")
+        _fail(1, "no runner answers; looked in " + "; ".join(looked)
+              + " (use --socket PATH, or --all for the registry)")
     if as_json:
         click.echo(status.dumps(answers))
     else:
         click.echo("\n\n".join(status.render_status(a) for a in answers))
+
+
+def _sockets_in(directories: list[Path]) -> tuple[list[Path], list[str]]:
+    """The ``*.sock`` of each directory, and what was found there, said for the operator (glob alone
+    would answer nothing for a directory it may not read)."""
+    paths: list[Path] = []
+    looked: list[str] = []
+    for directory in directories:
+        if not directory.is_dir():
+            looked.append(f"{directory}: no such directory")
+        elif not os.access(directory, os.R_OK | os.X_OK):
+            looked.append(f"{directory}: permission denied (run status as the runner's user, or with sudo)")
+        else:
+            found = sorted(directory.glob("*.sock"))
+            looked.append(f"{directory}: {len(found)} socket{'' if len(found) == 1 else 's'}")
+            paths.extend(found)
+    return paths, looked
 
 
 # --- run (one-shot) ------------------------------------------------------------------------------------

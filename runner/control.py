@@ -1,7 +1,11 @@
 """The control socket: a unix stream socket in the runtime directory, for ``scrinalia-runner status``.
 
-Reachable only by the runner's user: the directory is created 0700, the socket is chmod 0600, and the
-peer's uid (SO_PEERCRED) must be ours or root's. One JSON request line, one JSON answer, then close:
+Reachable only by the runner's user: the socket is chmod 0600 and the peer's uid (SO_PEERCRED) must be
+ours or root's. Its directory is the operator's: one that does not exist is created 0700 (and removed
+again at close), one that exists is never chmod-ed (``--socket /tmp/x.sock`` must not take the sticky
+bit off /tmp), and one that others may write to without the sticky bit is refused, since anyone could
+then replace the socket (docs/security.md, "The runner's control socket"). One JSON request line, one
+JSON answer, then close:
 
     {"command": "status"}    the status snapshot (runner.status.STATUS_FIELDS)
     {"command": "modules"}   which heavy modules (torch, transformers, ...) the supervisor has imported
@@ -32,21 +36,43 @@ class ControlSocketBusy(RuntimeError):
     """A live supervisor already answers on this path."""
 
 
+class ControlSocketUnsafe(RuntimeError):
+    """The socket's directory (or what is at its path) would let another user replace the socket."""
+
+
+def check_directory(directory: Path) -> None:
+    """Refuse a directory that someone else may write to without the sticky bit: a user other than
+    us (or root) owning it, or group or world write without +t. A sticky 1777 directory (/tmp) and
+    a 0755 one are fine: the socket itself is 0600."""
+    st = directory.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise ControlSocketUnsafe(f"{directory} is not a directory")
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (os.getuid(), 0):
+        raise ControlSocketUnsafe(f"{directory} belongs to uid {st.st_uid}, who could replace the control socket; "
+                                  "use a directory of this user (--socket)")
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        raise ControlSocketUnsafe(f"{directory} (mode {mode:04o}) may be written by others and has no sticky bit, "
+                                  "so anyone could replace the control socket; use a directory of this user or "
+                                  "a sticky one (--socket)")
+
+
 class ControlServer:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.sock: socket.socket | None = None
+        self.created_directory = False
 
     def open(self) -> None:
         directory = self.path.parent
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        mode = stat.S_IMODE(directory.stat().st_mode)
-        if mode & 0o077 and directory.stat().st_uid == os.getuid():
-            try:
-                os.chmod(directory, mode & 0o700)
-            except OSError:
-                pass
-        if self.path.exists() or self.path.is_symlink():
+        if not directory.exists():
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(directory, 0o700)  # ours: the umask may not narrow mkdir's mode to 0700
+            self.created_directory = True
+        check_directory(directory)
+        if os.path.lexists(self.path):
+            if not stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                raise ControlSocketUnsafe(f"{self.path} exists and is not a socket; refusing to replace it")
             try:
                 query(self.path, {"command": "status"}, timeout=1.0)
             except (OSError, ValueError):
@@ -113,6 +139,11 @@ class ControlServer:
                 self.path.unlink()
             except FileNotFoundError:
                 pass
+            if self.created_directory:
+                try:
+                    self.path.parent.rmdir()
+                except OSError:  # not empty: someone else's files are there now
+                    pass
 
 
 def _peer_uid(conn: socket.socket) -> int | None:

@@ -23,7 +23,7 @@ from runner.supervisor import Supervisor
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.workers.plugins import load_catalogue
-from scrinalia.domains.archive.workers.sdk import UnknownWorker
+from scrinalia.domains.archive.workers.validation import validate_run_request
 from scrinalia.settings import DatabaseUrl, Settings
 
 log = logging.getLogger("scrinalia.runner.oneshot")
@@ -47,8 +47,8 @@ def run_once(
 ) -> WorkerRun:
     """Run ``worker_name`` once, now, in a child process; block; return the run's final row.
 
-    Raises ``SchemaBehind`` (the database is not migrated), ``UnknownWorker``, ``InvalidRunRequest``
-    (the request's shape) and ``WorkerRunAlreadyActive`` (the worker's slot is taken) before anything
+    Raises ``SchemaBehind`` (the database is not migrated), ``InvalidRunRequest`` (``UnknownWorker``,
+    ``UnknownOption``, ``InvalidOption``, ``MissingOption``...: the shared validation) and ``WorkerRunAlreadyActive`` (the worker's slot is taken) before anything
     runs. Every other outcome is in the returned row (SUCCESS, FAILED, CANCELLED, INTERRUPTED).
     ``handle_signals`` (the CLI; main thread only): Ctrl-C cancels, a second Ctrl-C kills.
     """
@@ -67,10 +67,8 @@ def run_once(
     engine = parent_engine(url, options, settings)
     try:
         revision = check_schema(engine)
-        catalogue = load_catalogue()
-        if worker_name not in catalogue:
-            raise UnknownWorker(worker_name, sorted(catalogue))
-        clean = ledger.validate_request(request)
+        # The shared validation (the API's, the scheduler's): a refused request writes nothing.
+        clean = validate_run_request(load_catalogue(), engine, worker_name, request)
         # A crashed earlier CLI run would hold the slot until its lease is expired: repair first.
         ledger.expire_leases(engine)
         sup = Supervisor(

@@ -40,6 +40,8 @@ class RunnerOptions:
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     start_method: str = "forkserver"
     socket_path: Path | None = None
+    devices: str = "auto"   # auto | none | a comma-separated list of indexes or UUIDs (runner.devices)
+    per_device: int = 1     # children sharing one device
 
     def validate(self) -> "RunnerOptions":
         if not self.name or not self.name.strip():
@@ -64,6 +66,14 @@ class RunnerOptions:
             raise OptionsError("--max-runtime must be positive")
         if self.cancel_grace < 0 or self.kill_grace < 0:
             raise OptionsError("--cancel-grace and --kill-grace must not be negative")
+        if self.per_device < 1:
+            raise OptionsError(f"--per-device must be at least 1, got {self.per_device}")
+        from runner.devices import DeviceError, parse_devices
+
+        try:
+            parse_devices(self.devices)
+        except DeviceError as exc:
+            raise OptionsError(str(exc)) from None
         if self.start_method not in START_METHODS:
             raise OptionsError(f"--start-method must be one of {', '.join(START_METHODS)}")
         return self
@@ -77,6 +87,13 @@ class RunnerOptions:
         """
         return min(self.heartbeat_seconds, self.lease_seconds - self.heartbeat_seconds) / 2
 
+    @property
+    def expiry_seconds(self) -> float:
+        """How often a daemon runs ``expire_leases``: a quarter of the lease. A dead runner's rows are
+        then closed at most lease + lease/4 (+ one poll) after its last heartbeat, by any live daemon,
+        instead of every daemon asking on every poll (decision 0072)."""
+        return self.lease_seconds / 4
+
 def parse_list(value: str | None) -> tuple[str, ...]:
     """'a, b,,c' -> ('a', 'b', 'c'); 'none' or '' -> ()."""
     if value is None:
@@ -85,8 +102,14 @@ def parse_list(value: str | None) -> tuple[str, ...]:
     return () if items in {("none",), ("-",)} else items
 
 
+def system_runtime_dir() -> Path:
+    """The systemd unit's ``RuntimeDirectory=scrinalia-runner``: /run/scrinalia-runner
+    (``SCRINALIA_RUNNER_SYSTEM_DIR`` names another, for a unit that moved it)."""
+    return Path(os.environ.get("SCRINALIA_RUNNER_SYSTEM_DIR") or "/run/scrinalia-runner")
+
+
 def runtime_dir() -> Path:
-    """Where the control sockets live: $RUNTIME_DIRECTORY (systemd), $XDG_RUNTIME_DIR/scrinalia-runner,
+    """Where a daemon puts its control socket: $RUNTIME_DIRECTORY (systemd), $XDG_RUNTIME_DIR/scrinalia-runner,
     else /run/scrinalia-runner."""
     explicit = os.environ.get("RUNTIME_DIRECTORY")
     if explicit:
@@ -94,7 +117,18 @@ def runtime_dir() -> Path:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         return Path(xdg) / "scrinalia-runner"
-    return Path("/run/scrinalia-runner")
+    return system_runtime_dir()
+
+
+def status_dirs() -> list[Path]:
+    """Where ``status`` looks for sockets: this session's directory (``runtime_dir``) and the systemd
+    runner's, once each. An admin's SSH login has an $XDG_RUNTIME_DIR of its own, while the systemd
+    runner's socket is under /run/scrinalia-runner: looking only in the first found nothing."""
+    dirs: list[Path] = []
+    for directory in (runtime_dir(), system_runtime_dir()):
+        if directory not in dirs:
+            dirs.append(directory)
+    return dirs
 
 
 def default_socket_path(name: str) -> Path:

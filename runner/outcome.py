@@ -14,6 +14,7 @@ from typing import Any
 from runner.launchers import ChildExit, signal_name
 
 from scrinalia.db.tables import ERROR_MAX  # the ledger's limit on a run's error (a CHECK constraint)
+from scrinalia.domains.archive.workers.cuda import classify as classify_cuda
 
 
 @dataclass(slots=True)
@@ -56,7 +57,53 @@ def decide(
     cancel_grace: float,
     drain_timeout: float,
 ) -> Outcome:
-    """The terminal outcome of one child (see docs/operations.md, "Runner", for the table)."""
+    """The terminal outcome of one child (see docs/operations.md, "Runner", for the table), with its
+    CUDA failure named (``name_cuda_failure``)."""
+    out = _decide(
+        worker=worker, exit=exit, result=result, kill_reason=kill_reason, signals_sent=signals_sent,
+        stderr_tail=stderr_tail, oom_kills_before=oom_kills_before, oom_kills_after=oom_kills_after,
+        max_runtime=max_runtime, cancel_grace=cancel_grace, drain_timeout=drain_timeout,
+    )
+    return name_cuda_failure(out, exit, stderr_tail)
+
+
+def name_cuda_failure(out: Outcome, exit: ChildExit, stderr_tail: str) -> Outcome:
+    """A FAILED run whose error (or, for a child that died without a result, whose output tail) shows a
+    CUDA error becomes ``cuda-error`` / ``cuda-oom``, and its error's first line the stable name of that
+    failure (the fingerprint groups it across runs, devices and sizes); the original text follows.
+
+    Only runs that failed on their own: a timeout, a cancel or a stop keeps the supervisor's reason, and
+    a SIGKILL (``oom`` or ``PossibleOOMKill``: host memory) stays that, even if the output mentions CUDA."""
+    if out.status != "FAILED" or out.exit_reason not in ("exception", "signal") or exit.signal == signal.SIGKILL:
+        return out  # SIGKILL: someone else's (the OOM killer's, an operator's), never CUDA's
+    died = out.exit_reason == "signal" or out.error is None or out.error.startswith("ChildExited:")
+    failure = classify_cuda(out.error, stderr_tail if died else None)
+    if failure is None:
+        return out
+    out.exit_reason = failure.exit_reason
+    if died:
+        how = (f"was killed by {signal_name(exit.signal)}" if exit.signal is not None
+               else f"exited with code {exit.exit_code} without a result")
+        out.error = with_tail(f"{failure.headline()} (the child {how})", stderr_tail)
+    else:
+        out.error = f"{failure.headline()}\n{out.error}"[:ERROR_MAX]
+    return out
+
+
+def _decide(
+    *,
+    worker: str,
+    exit: ChildExit,
+    result: dict[str, Any] | None,
+    kill_reason: str | None,
+    signals_sent: set[int],
+    stderr_tail: str,
+    oom_kills_before: int | None,
+    oom_kills_after: int | None,
+    max_runtime: float | None,
+    cancel_grace: float,
+    drain_timeout: float,
+) -> Outcome:
     out = Outcome(status="FAILED", exit_code=exit.exit_code, exit_signal=exit.signal)
     if result is not None:
         out.progress = result.get("progress")
@@ -71,7 +118,7 @@ def decide(
         out.status, out.exit_reason, out.result = "CANCELLED", "cancelled", result.get("result")
         return out
     if status == "FAILED":
-        out.exit_reason = "exception"
+        out.exit_reason = "configuration" if result.get("reason") == "configuration" else "exception"
         out.error = result.get("error") or "WorkerFailed: the worker failed without an error message"
         out.result = result.get("result")
         return out

@@ -27,7 +27,9 @@ STATUS_FIELDS: dict[str, str] = {
     "drain_reason": "why it drains, or null",
     "drain_deadline_seconds": "seconds until the remaining children are stopped, or null",
     "database": "{state: ok|unreachable|unknown, error: the last error's class or null, "
-                "last_heartbeat_age_seconds: seconds since the last renewed heartbeat}",
+                "last_heartbeat_age_seconds: seconds since the last renewed heartbeat, "
+                "statements: protocol statements sent since start, by step (heartbeat, claim, "
+                "expire_leases, record_start, finish, ...)}",
     "lease_margin_seconds": "seconds left on the lease of the last heartbeat (the children are killed at "
                             "fence_margin_seconds), or null before the first heartbeat",
     "fence_margin_seconds": "the margin at which the supervisor self-fences",
@@ -35,12 +37,15 @@ STATUS_FIELDS: dict[str, str] = {
     "lease_seconds": "--lease",
     "poll_seconds": "--poll",
     "concurrency": "--concurrency",
+    "devices": "the GPUs it owns (--devices, --per-device): one object per device: index, uuid, name, "
+               "memory_total_bytes, slots (--per-device), children (the pids on it); empty: no device rule",
     "capabilities": "the workers this runner claims",
     "launcher": "{start_method: forkserver|spawn, pid, preload, preloaded, preload_seconds, healthy}",
     "counters": "runs since start: claimed, SUCCESS, FAILED, CANCELLED, INTERRUPTED, lost",
     "children": "one object per child: pid, run_id, worker, phase (starting|running|finishing|stopping), "
                 "elapsed_seconds, progress ({done, total, unit, ...} or null), rss_bytes, "
-                "gpu_memory_bytes (NVML, null without a GPU), cancel_requested",
+                "gpu_memory_bytes (NVML, null without a GPU), device ({index, uuid, name}: its CUDA_VISIBLE_DEVICES, "
+                "null: it sees no GPU, or the runner owns none), cancel_requested",
 }
 
 
@@ -66,6 +71,7 @@ def supervisor_status(sup: Any) -> dict[str, Any]:
             "error": sup.db_error,
             "last_heartbeat_age_seconds": round(now - sup.last_heartbeat_ok, 3)
             if sup.last_heartbeat_ok is not None else None,
+            "statements": dict(sup.statements),
         },
         "lease_margin_seconds": round(margin, 3) if margin != float("inf") else None,
         "fence_margin_seconds": round(sup.options.fence_margin, 3),
@@ -73,6 +79,7 @@ def supervisor_status(sup: Any) -> dict[str, Any]:
         "lease_seconds": sup.options.lease_seconds,
         "poll_seconds": sup.options.poll_seconds,
         "concurrency": sup.options.concurrency,
+        "devices": sup.device_status(),
         "capabilities": list(sup.capabilities),
         "launcher": sup.launcher.info(),
         "counters": dict(sup.counters),
@@ -90,6 +97,16 @@ def _bytes(value: Any) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return str(value)
+
+
+def _device(device: Any) -> str:
+    """``0 (GPU-8f3a...)``, the index alone, or ``-`` for a child that sees no GPU."""
+    if not isinstance(device, dict):
+        return "-"
+    index, uuid_ = device.get("index"), device.get("uuid")
+    if index is None:
+        return str(uuid_ or "-")
+    return f"{index} ({uuid_[:12]})" if uuid_ else str(index)
 
 
 def _progress(progress: Any) -> str:
@@ -117,14 +134,18 @@ def render_status(status: dict[str, Any]) -> str:
         f"  launcher {status['launcher'].get('start_method')}",
         "  counters " + " ".join(f"{k}={v}" for k, v in status["counters"].items()),
     ]
+    for d in status.get("devices") or []:
+        lines.append(f"  GPU {_device(d)}  {d.get('name') or ''}  {len(d['children'])}/{d['slots']} slots busy"
+                     + (f"  {_bytes(d['memory_total_bytes'])}" if d.get("memory_total_bytes") else ""))
     if status["children"]:
-        header = f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} {'RSS':>10} {'GPU':>10}"
+        header = f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} {'RSS':>10} {'GPU':>10}  DEVICE"
         lines.append(header)
         for c in status["children"]:
             lines.append(
                 f"  {c['pid']:>7}  {c['run_id']:<36}  {c['worker'][:20]:<20} {c['phase']:<9} "
                 f"{c['elapsed_seconds']:>7.1f}s  {_progress(c['progress'])[:18]:<18} {_bytes(c['rss_bytes']):>10} "
-                f"{_bytes(c['gpu_memory_bytes']):>10}" + ("  cancel requested" if c["cancel_requested"] else "")
+                f"{_bytes(c['gpu_memory_bytes']):>10}  {_device(c.get('device'))}"
+                + ("  cancel requested" if c["cancel_requested"] else "")
             )
     else:
         lines.append("  no children")

@@ -11,7 +11,8 @@ it (a signal through the self-pipe, a child's message, an exit report, a control
     heartbeat ONE statement per interval: the registry row + every RUNNING row of this runner
               (a row missing from its answer is lost: SIGKILL that child, write nothing more)
     deadlines --max-runtime, the cancel grace, the drain timeout, SIGTERM -> SIGKILL escalation
-    poll      ``expire_leases``, then claim while a slot is free, one child per claim
+    poll      claim while a slot is free, one child per claim; ``expire_leases`` on its own cadence
+              (at start, then every lease/4: it only has to be faster than the lease, not every poll)
 
 There are no threads writing to the ledger, no callbacks from signal handlers: a signal handler only
 writes the signal number to the self-pipe (``signal.set_wakeup_fd``), the loop reads it.
@@ -38,12 +39,15 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from runner import procinfo, wire
+from runner.devices import Device, DevicePlanner, Placement, child_env
 from runner.launchers import ChildExit, Launcher, signal_name
 from runner.options import RunnerOptions
 from runner.outcome import Outcome, decide
 
+from scrinalia.db.engine import ServerFacts
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.ledger import WorkerRun
+from scrinalia.domains.archive.worker_settings import get_settings
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -82,6 +86,8 @@ class Child:
     rss_bytes: int | None = None
     gpu_bytes: int | None = None
     gpu_peak_bytes: int = 0
+    device: Device | None = None         # the GPU it was given (CUDA_VISIBLE_DEVICES), or None
+    gpu_need_bytes: int | None = None    # the GPU memory its worker declared
     output_tail: bytearray = field(default_factory=bytearray)
     partial_line: bytearray = field(default_factory=bytearray)
     reader: wire.FrameReader = field(init=False)
@@ -117,6 +123,7 @@ class Child:
             "progress": self.progress,
             "rss_bytes": self.rss_bytes,
             "gpu_memory_bytes": self.gpu_bytes,
+            "device": self.device.describe() if self.device is not None else None,
             "cancel_requested": self.cancel_sent_at is not None,
         }
 
@@ -136,6 +143,7 @@ class Supervisor:
         mode: str = "daemon",
         notifier: Any = None,
         gpu: Any = None,
+        devices: DevicePlanner | None = None,
         control: Any = None,
         wakeup: Any = None,
         on_progress: Callable[[Child], None] | None = None,
@@ -154,6 +162,7 @@ class Supervisor:
         self.mode = mode
         self.notifier = notifier
         self.gpu = gpu
+        self.devices = devices  # None (the one-shot CLI): the child sees what the shell sees
         self.control = control
         self.wakeup = wakeup  # runner.wakeup.Wakeup: claim on the ledger's notification (None: poll only)
         self.on_progress = on_progress
@@ -178,6 +187,9 @@ class Supervisor:
         self.lease_deadline: float | None = None
         self.next_heartbeat = 0.0
         self.next_poll = 0.0
+        self.next_expiry = 0.0
+        self.last_children: list[dict[str, Any]] | None = None  # the registry's snapshot, as last written
+        self.statements: dict[str, int] = {}  # protocol statements sent, by step (the status shows them)
         self.next_watchdog = 0.0
         self.next_progress = 0.0
         self.interrupts = 0
@@ -192,7 +204,7 @@ class Supervisor:
 
     def open(self) -> None:
         """Install the signal handlers (a signal from now on waits in the self-pipe for the loop), register,
-        start the launcher. The daemon also expires stale leases (at start, then on each poll)."""
+        start the launcher. The daemon also expires stale leases (at start, then every ``expiry_seconds``)."""
         if self.install_signals:
             self._install_signals()
         registry.register(self.engine, self.registration)
@@ -428,6 +440,7 @@ class Supervisor:
     # --- the database ---------------------------------------------------------------------------------
 
     def _db(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self.statements[what] = self.statements.get(what, 0) + 1
         try:
             result = fn(self.engine, *args, **kwargs)
         except SQLAlchemyError as exc:
@@ -442,6 +455,7 @@ class Supervisor:
         return result
 
     def _expire_leases(self) -> None:
+        self.next_expiry = time.monotonic() + self.options.expiry_seconds
         try:
             expired = self._db("expire_leases", ledger.expire_leases)
         except DatabaseDown:
@@ -463,13 +477,15 @@ class Supervisor:
         progress = {c.run.run_id: c.progress for c in self.children.values() if c.progress and not c.lost}
         snapshot = [c.snapshot(sent) for c in self.children.values() if not c.lost]
         try:
+            # An unchanged snapshot (an idle runner's []) is not sent: the row keeps the one it has.
             beat = self._db(
                 "heartbeat", ledger.heartbeat, self.runner_id, self.options.lease_seconds,
-                progress=progress, children=snapshot,
+                progress=progress, children=None if snapshot == self.last_children else snapshot,
             )
         except DatabaseDown:
             self.next_heartbeat = sent + min(1.0, self.options.heartbeat_seconds)
             return
+        self.last_children = snapshot
         self.next_heartbeat = sent + self.options.heartbeat_seconds
         self.last_heartbeat_ok = sent
         # Measured from before the statement was sent: conservative by the round trip.
@@ -583,10 +599,16 @@ class Supervisor:
         self.next_poll = time.monotonic() + self._poll_interval()
         if self.db_state == "unreachable":
             return  # the heartbeat's retry is the probe: our own rows are renewed before anything expires
-        self._expire_leases()
+        if time.monotonic() >= self.next_expiry:
+            self._expire_leases()
+        if self.devices is not None and self.devices.devices and self.children:
+            self._sample_resources()  # the memory rule reads what the children use now
         while self._may_claim():
+            capabilities = self._claimable()
+            if not capabilities:
+                return  # every device slot is taken and no CPU-only worker is claimable
             try:
-                run = self._db("claim", ledger.claim_next, self.runner_id, self.capabilities, self.options.lease_seconds)
+                run = self._db("claim", ledger.claim_next, self.runner_id, capabilities, self.options.lease_seconds)
             except DatabaseDown:
                 return
             if run is None:
@@ -594,8 +616,31 @@ class Supervisor:
             self.counters["claimed"] += 1
             self._start_child(run)
 
+    def _placements(self) -> list[Placement]:
+        return [Placement(c.device.key, c.gpu_need_bytes, c.gpu_bytes) for c in self.children.values()
+                if c.device is not None]
+
+    def device_status(self) -> list[dict[str, Any]]:
+        """The owned devices, each with its slots and the children on it (``status``)."""
+        if self.devices is None:
+            return []
+        on: dict[str, list[int]] = {}
+        for c in self.children.values():
+            if c.device is not None:
+                on.setdefault(c.device.key, []).append(c.pid)
+        return [{**d.describe(), "memory_total_bytes": d.memory_total_bytes, "slots": self.devices.per_device,
+                 "children": on.get(d.key, [])} for d in self.devices.devices]
+
+    def _claimable(self) -> list[str]:
+        """The capability list of the next claim: the device rule (``runner.devices``) decides which
+        workers a free slot (and the free GPU memory) allows now; the claim stays one statement."""
+        if self.devices is None:
+            return self.capabilities
+        return self.devices.claimable(self.capabilities, self._placements())
+
     def _start_child(self, run: WorkerRun) -> Child | None:
         claimed_at = time.monotonic()
+        device = self.devices.place(run.worker_name, self._placements()) if self.devices is not None else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         try:
@@ -612,20 +657,37 @@ class Supervisor:
             os.close(out_w)
         os.set_blocking(out_r, False)
         child = Child(run=run, pid=pid, channel=ours, output_fd=out_r, claimed_at=claimed_at,
-                      oom_kills_at_start=procinfo.oom_kill_counter())
+                      oom_kills_at_start=procinfo.oom_kill_counter(), device=device,
+                      gpu_need_bytes=self.devices.need(run.worker_name).memory_bytes if device is not None else None)
         self.children[pid] = child
+        persisted = self._persisted_settings(run.worker_name)  # while the child starts
         try:
+            facts = ServerFacts.of(self.engine)
             wire.send(ours, "assign", {
                 "run": run,
+                "env": child_env(device) if self.devices is not None else {},
                 "database_url": self.database_url,
                 "connect_args": self.child_connect_args,
+                # What the child's engine would otherwise ask its first connection (decision 0073).
+                "server_facts": facts.to_json() if facts is not None else None,
+                # The resolver's read, made here on a warm connection: a child that never touches the
+                # database beyond it opens no session at all (decision 0074). None: the child reads it.
+                "persisted_settings": persisted,
                 "preload": list(self.launcher.child_preload),
             })
         except OSError as exc:
             log.error("run %s: the child %d did not take its assignment: %s", run.run_id, pid, exc)
         ours.setblocking(False)
-        log.info("run %s (%s) -> child %d", run.run_id, run.worker_name, pid)
+        log.info("run %s (%s) -> child %d%s", run.run_id, run.worker_name, pid,
+                 f" on GPU {device.key}" if device is not None else "")
         return child
+
+    def _persisted_settings(self, worker_name: str) -> dict[str, Any] | None:
+        """``{"row": the worker's archive_worker_settings row or None}``, or None when it could not be read."""
+        try:
+            return {"row": self._db("settings", get_settings, worker_name)}
+        except DatabaseDown:
+            return None
 
     def _send(self, child: Child, kind: str, payload: dict[str, Any] | None = None) -> None:
         try:
@@ -825,6 +887,8 @@ class Supervisor:
             metrics["cpu_seconds"] = ex.cpu_seconds
         if child.gpu_peak_bytes:
             metrics["gpu_peak_bytes"] = child.gpu_peak_bytes
+        if child.device is not None:
+            metrics["device"] = child.device.describe()
         if child.ready_at is not None:
             metrics["child_ready_ms"] = round((child.ready_at - child.claimed_at) * 1000, 1)
         metrics["wall_seconds"] = round(time.monotonic() - child.claimed_at, 3)

@@ -76,19 +76,38 @@ def parse_database_url(raw: str, variable: str = "DATABASE_URL") -> URL:
     return url.set(drivername="postgresql+psycopg")
 
 
-class Settings(BaseSettings):
+_CONFIG = SettingsConfigDict(env_file=None, extra="ignore", hide_input_in_errors=True, case_sensitive=False)
+
+
+class DatabaseTls(BaseSettings):
+    """How every connection to PostgreSQL checks the server (docs/security.md, "TLS to the database").
+
+    Read on its own by the engine factory, so an engine made without the full settings (a migration, a
+    test, ``scrinalia dev``) still applies them; a malformed DATABASE_URL does not stop reading them.
+    """
+
+    model_config = _CONFIG
+
+    db_sslmode: SSLMode = "prefer"
+    db_sslrootcert: Path | None = None
+
+    @field_validator("db_sslrootcert")
+    @classmethod
+    def _cert_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"DB_SSLROOTCERT {value} is not a readable file")
+        return value
+
+
+class Settings(DatabaseTls):
     """What every process (API, runner, scheduler, CLI) reads from its environment."""
 
-    model_config = SettingsConfigDict(
-        env_file=None, extra="ignore", hide_input_in_errors=True, case_sensitive=False
-    )
+    model_config = _CONFIG
 
     database_url: SecretStr | None = Field(default=None, description="The application's database")
     runner_database_url: SecretStr | None = Field(
         default=None, description="The runner's least-privilege database URL (role scrinalia_runner)"
     )
-    db_sslmode: SSLMode = "prefer"
-    db_sslrootcert: Path | None = None
     db_pool_size: int = Field(default=5, ge=1, le=100)
     db_pool_max_overflow: int = Field(default=10, ge=0, le=200)
     db_pool_timeout: float = Field(default=30.0, gt=0, le=600)
@@ -98,13 +117,6 @@ class Settings(BaseSettings):
     def _valid_url(cls, value: SecretStr | None, info) -> SecretStr | None:
         if value is not None:
             parse_database_url(value.get_secret_value(), (info.field_name or "").upper())
-        return value
-
-    @field_validator("db_sslrootcert")
-    @classmethod
-    def _cert_exists(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise ValueError(f"DB_SSLROOTCERT {value} is not a readable file")
         return value
 
     def require_database_url(self) -> DatabaseUrl:
@@ -129,6 +141,14 @@ def settings_error(exc: ValidationError, prefix: str = "") -> SettingsError:
             message = message[len("Value error, "):]
         lines.append(message if message.startswith(variable) else f"{variable}: {message}")
     return SettingsError("; ".join(lines))
+
+
+def load_tls(**overrides) -> DatabaseTls:
+    """The TLS settings alone, from the environment (one line per bad variable, without values)."""
+    try:
+        return DatabaseTls(**overrides)
+    except ValidationError as exc:
+        raise settings_error(exc) from None
 
 
 def load_settings(**overrides) -> Settings:

@@ -1,7 +1,7 @@
 """The ledger announces its changes: NOTIFY on the channel ``scrinalia_ledger`` from triggers.
 
 Revision ID: 0006
-Revises: 0001_initial
+Revises: 0005
 Create Date: 2026-12-01
 
 A trigger, not a ``pg_notify`` in each protocol statement, so every statement of the protocol stays one
@@ -20,7 +20,7 @@ The payload is small JSON (well under the 8000-byte limit of NOTIFY):
 from alembic import op
 
 revision = "0006"
-down_revision = "0001_initial"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

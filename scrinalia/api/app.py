@@ -4,6 +4,8 @@
 
 Stateless across processes: sessions, lockouts, the queue and the settings live in PostgreSQL; the only
 per-process state is the login rate limiter (a brake, ADR 0014 decision 7) and the connection pool.
+Every answer carries the security headers; forwarded headers count only from API_TRUSTED_PROXIES
+(``scrinalia.api.middleware``, docs/security.md).
 The API never runs a worker and never imports ``runner``, torch or transformers.
 """
 from __future__ import annotations
@@ -19,7 +21,9 @@ from sqlalchemy import Engine
 
 from scrinalia.api import catalogue_view, errors
 from scrinalia.api.context import AppContext
+from scrinalia.api.middleware import SecurityHeaders, trusted_proxies
 from scrinalia.api.routers import auth, events, health, runners, runs, schedules, workers
+from scrinalia.api.schemas import storable_inputs
 from scrinalia.api.security import system_guard
 from scrinalia.api.settings import ApiSettings, load_api_settings
 from scrinalia.domains.archive.workers.sdk import WorkerSpec
@@ -81,14 +85,16 @@ def create_app(
             "cookie, need the X-CSRF-Token header. Errors: {\"error\": code, \"message\": ..., \"fields\"?: {...}}."
         ),
         openapi_url=f"{API_PREFIX}/openapi.json",
-        docs_url=f"{API_PREFIX}/docs",
+        docs_url=None,  # no interactive docs: swagger-ui would come from a CDN (docs/decisions/0058)
         redoc_url=None,
         lifespan=lifespan,
+        dependencies=[Depends(storable_inputs)],
     )
     app.state.ctx = context
     errors.install(app)
+    _wrap_every_answer(app, api.proxy_networks)
 
-    app.include_router(health.router)  # /healthz, /metrics (no session)
+    app.include_router(health.router)  # /healthz (no session), /metrics (scrape token or ADMIN session)
     v1 = APIRouter(prefix=API_PREFIX)
     v1.include_router(auth.router)
     v1.include_router(system_router())
@@ -103,6 +109,17 @@ def create_app(
 
         app.mount("/", StaticFiles(directory=directory, html=True), name="ui")
     return app
+
+
+def _wrap_every_answer(app: FastAPI, proxy_networks: list[str]) -> None:
+    """The forwarded-header rewrite (trusted proxies only) and the security headers around Starlette's
+    whole stack, its own 500 answer included (``add_middleware`` would sit inside that one)."""
+    build = app.build_middleware_stack
+
+    def build_wrapped():
+        return trusted_proxies(SecurityHeaders(build()), proxy_networks)
+
+    app.build_middleware_stack = build_wrapped  # type: ignore[method-assign]
 
 
 def api_routes(app: FastAPI) -> list[tuple[str, set[str], object]]:

@@ -17,8 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from scrinalia.domains.archive.errors import InvalidRunRequest
-from scrinalia.domains.archive.ledger import validate_request
+from scrinalia.domains.archive.workers import validation
 from scrinalia.domains.archive.workers.sdk import (
     DatabaseLayer,
     PersistedSettings,
@@ -67,6 +66,8 @@ def describe(spec: WorkerSpec) -> dict[str, Any]:
         "engine_source": sig["engine_source"],
         "stamp_key": sig.get("stamp_key"),
         "requires": list(sig.get("requires") or ()),
+        "gpu": sig.get("gpu", True),
+        "gpu_memory_bytes": sig.get("gpu_memory_bytes"),
         "default_batch_size": sig["default_batch_size"],
         "accepts_extra_options": sig.get("accepts_extra_options", False),
         "default_engine": sig.get("default_engine"),
@@ -79,39 +80,16 @@ def describe(spec: WorkerSpec) -> dict[str, Any]:
 # --- validation -----------------------------------------------------------------------------------
 
 
-def _field_error(exc: BaseException) -> InvalidRunRequest | None:
-    """The catalogue's typed errors carry the field; normalise anything else that does too."""
-    if isinstance(exc, InvalidRunRequest):
-        return exc
-    field = getattr(exc, "field", None)
-    if isinstance(field, str) and field:
-        return InvalidRunRequest(field, str(getattr(exc, "message", None) or exc))
-    return None
-
-
 def validate_run_request(spec: WorkerSpec, engine: Engine, request: Mapping[str, Any]) -> dict[str, Any]:
-    """The clean request, or ``InvalidRunRequest`` naming the field. The catalogue's resolver decides
-    (explicit > persisted > default), so what the API accepts is what a runner can resolve at claim."""
-    clean = validate_request(request)
-    _resolve_or_raise_field_error(spec, engine, clean)
-    return clean
+    """The clean request, or ``InvalidRunRequest`` naming the field: the shared validation of every
+    entry point (``workers.validation``), over the persisted settings."""
+    return validation.validate_run_request({spec.name: spec}, engine, spec.name, request)
 
 
 def validate_settings(spec: WorkerSpec, engine: Engine, values: Mapping[str, Any]) -> dict[str, Any]:
     """Settings have a request's shape and rules; validated on their own (no persisted layer under them)."""
-    clean = validate_request({k: v for k, v in values.items() if v is not None})
-    _resolve_or_raise_field_error(spec, None, clean)
-    return clean
-
-
-def _resolve_or_raise_field_error(spec: WorkerSpec, engine: Engine | None, clean: Mapping[str, Any]) -> None:
-    try:
-        spec.resolve(engine, clean)
-    except Exception as exc:  # noqa: BLE001 - a resolver error that names a field is a 422, else a 500
-        field_error = _field_error(exc)
-        if field_error is not None:
-            raise field_error from None
-        raise
+    return validation.validate_run_request({spec.name: spec}, None, spec.name,
+                                           {k: v for k, v in values.items() if v is not None})
 
 
 def effective_settings(spec: WorkerSpec, engine: Engine | None, layer: DatabaseLayer | None = None) -> dict[str, Any]:
@@ -121,7 +99,7 @@ def effective_settings(spec: WorkerSpec, engine: Engine | None, layer: DatabaseL
     try:
         resolved = spec.resolve(engine, {}, layer=layer)
     except Exception as exc:  # noqa: BLE001 - e.g. no active LLM_CHECK rule: shown to the operator
-        field_error = _field_error(exc)
+        field_error = validation.as_field_error(exc)
         return {"error": {"field": getattr(field_error, "field", None),
                           "message": field_error.message if field_error else type(exc).__name__}}
     out = resolved.to_json()

@@ -12,7 +12,7 @@ from sqlalchemy import Engine
 from scrinalia.api.catalogue_view import CountsCache
 from scrinalia.api.settings import ApiSettings
 from scrinalia.domains.archive.workers.sdk import WorkerSpec
-from scrinalia.domains.identity.auth import LockoutPolicy
+from scrinalia.domains.identity.lockout import LockoutPolicy, Pruner
 from scrinalia.domains.identity.ratelimit import SlidingWindowLimiter
 from scrinalia.settings import Settings
 
@@ -29,11 +29,12 @@ class AppContext:
     hasher: PasswordHasher | None = None  # None: the default argon2id profile
     owns_engine: bool = False
     login_limiter: SlidingWindowLimiter = field(init=False)
+    lockout_pruner: Pruner = field(default_factory=Pruner)
     counts: CountsCache = field(init=False)
 
     def __post_init__(self) -> None:
         self.counts = CountsCache(self.api.counts_max_age_seconds)
-        # The per-process brake (ADR 0014 decision 7); the durable lockout is in auth_users.
+        # The per-process brake (ADR 0014 decision 7); the durable lockout is in auth_login_throttle.
         self.login_limiter = SlidingWindowLimiter(self.api.login_rate_limit, self.api.login_rate_window_seconds)
 
     @cached_property

@@ -79,7 +79,8 @@ def install(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         fields: dict[str, str] = {}
         for err in exc.errors():
-            fields.setdefault(_loc_to_field(tuple(err.get("loc", ()))), str(err.get("msg", "invalid")))
+            message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+            fields.setdefault(_loc_to_field(tuple(err.get("loc", ()))), message)
         return field_errors(fields or {"body": "invalid request"}).response()
 
     @app.exception_handler(StarletteHTTPException)

@@ -1,17 +1,68 @@
-"""Request and response models: what the OpenAPI schema (GET /api/v1/openapi.json) documents."""
+"""Request and response models: what the OpenAPI schema (GET /api/v1/openapi.json) documents.
+
+Request models are strict (no bool or string coerced into a number, no number into a bool) and every
+string in them, also deep inside ``options`` and ``engine_options``, must be storable by PostgreSQL:
+no NUL character, no lone UTF-16 surrogate, no non-finite number. What PostgreSQL could not store is a
+422 that names the field, before anything is written.
+"""
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Request
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 RunStatus = Literal["QUEUED", "RUNNING", "SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED"]
 RunTrigger = Literal["CLI", "API", "SCHEDULE"]
 Role = Literal["ADMIN", "CURATOR", "VIEWER"]
 
 
+def unstorable(value: str) -> str | None:
+    """Why PostgreSQL cannot store ``value`` as text (or inside jsonb), or None."""
+    if "\x00" in value:
+        return "must not contain a NUL character (U+0000)"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid Unicode (a lone surrogate cannot be stored)"
+    return None
+
+
+def _storable_text(value: str) -> str:
+    problem = unstorable(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _storable_json(value: Any, path: str = "") -> Any:
+    """Walk a JSON value: keys and strings storable, numbers finite (jsonb has no NaN or Infinity)."""
+    where = f" at {path}" if path else ""
+    if isinstance(value, str):
+        problem = unstorable(value)
+        if problem:
+            raise ValueError(f"{problem}{where}")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"must be a finite number{where}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            problem = unstorable(str(key))
+            if problem:
+                raise ValueError(f"a key {problem}{where}")
+            _storable_json(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _storable_json(item, f"{path}[{index}]")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_storable_text)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Open(BaseModel):
@@ -48,8 +99,8 @@ class UserOut(BaseModel):
 
 
 class LoginIn(Strict):
-    email: str = Field(max_length=254)
-    password: str = Field(max_length=1024)
+    email: Text = Field(max_length=254)
+    password: Text = Field(max_length=1024)
     issue_token: bool = Field(
         default=False,
         description="true: answer the session token in the body (for scripts, as a Bearer header) and set no cookie",
@@ -65,8 +116,8 @@ class SessionOut(BaseModel):
 
 
 class ChangePasswordIn(Strict):
-    current_password: str = Field(max_length=1024)
-    new_password: str = Field(max_length=1024)
+    current_password: Text = Field(max_length=1024)
+    new_password: Text = Field(max_length=1024)
 
 
 # --- runs ---
@@ -75,11 +126,11 @@ class ChangePasswordIn(Strict):
 class RunRequestIn(Strict):
     """A run request (and the shape of persisted settings): every field optional; the catalogue validates."""
 
-    engine_name: str | None = Field(default=None, max_length=200)
-    preset: str | None = Field(default=None, max_length=200)
-    db_batch_size: int | None = Field(default=None, description="1..10000")
-    options: dict[str, Any] | None = None
-    engine_options: dict[str, Any] | None = None
+    engine_name: Text | None = Field(default=None, max_length=200)
+    preset: Text | None = Field(default=None, max_length=200)
+    db_batch_size: int | None = Field(default=None, description="1..10000 (an integer: true or \"10\" is refused)")
+    options: JsonObject | None = None
+    engine_options: JsonObject | None = None
 
 
 class SettingsIn(RunRequestIn):
@@ -143,7 +194,8 @@ class CancelOut(BaseModel):
 
 
 class QueuedReason(BaseModel):
-    code: Literal["backing_off", "no_runner", "draining", "schema_behind", "runners_busy", "waiting_for_claim"]
+    code: Literal["backing_off", "no_runner", "draining", "schema_behind", "runners_busy", "waiting_for_device",
+                  "no_device_fits", "waiting_for_claim"]
     message: str
     not_before: str | None = None
 
@@ -256,7 +308,7 @@ class HealthOut(BaseModel):
 
 
 class ScheduleIn(Strict):
-    worker_name: str = Field(min_length=1, max_length=100)
+    worker_name: Text = Field(min_length=1, max_length=100)
     interval_seconds: int = Field(ge=60, le=366 * 86_400, description="At least 60")
     request: RunRequestIn = Field(default_factory=RunRequestIn, description="The request of each scheduled run")
     first_delay_seconds: float = Field(default=0, ge=0, le=366 * 86_400,
@@ -276,8 +328,25 @@ class ScheduleOut(BaseModel):
     next_run_at: str
     last_tick_at: str | None
     last_run_id: str | None
-    last_outcome: str | None = Field(description="enqueued, or skipped-busy when the worker's slot was taken")
+    last_outcome: str | None = Field(description="enqueued; skipped-busy when the worker's slot was taken; refused: <field>: <why> when its request no longer validates (no run written)")
 
 
 class SchedulesOut(BaseModel):
     schedules: list[ScheduleOut]
+
+
+# --- inputs outside the bodies ---
+
+
+def storable_inputs(request: Request) -> None:
+    """An app-wide dependency: a query or path parameter that PostgreSQL could not store (a NUL, say
+    ``?worker=a%00b``) is a 422 naming it, before any handler reads the database."""
+    from scrinalia.api.errors import field_errors
+
+    params = list(request.query_params.multi_items()) + [
+        (name, value) for name, value in request.path_params.items() if isinstance(value, str)
+    ]
+    for name, value in params:
+        problem = unstorable(name) or unstorable(value)
+        if problem:
+            raise field_errors({name if not unstorable(name) else "query": problem})

@@ -107,10 +107,48 @@ def _capable(runners: list[dict[str, Any]], worker: str) -> list[dict[str, Any]]
     return [r for r in runners if r["state"] == "online" and worker in r["capabilities"]]
 
 
+def _device_slots(runner: dict[str, Any]) -> tuple[int, int] | None:
+    """(busy, total) device slots of a runner that owns devices (its registry ``devices`` carry
+    ``slots``; its children their ``device``), or None for a runner without a device rule."""
+    owned = [d for d in runner.get("devices") or [] if isinstance(d, dict) and d.get("slots")]
+    if not owned:
+        return None
+    busy = sum(1 for c in runner.get("children") or [] if isinstance(c, dict) and c.get("device"))
+    return busy, sum(int(d["slots"]) for d in owned)
+
+
+def _fits_no_device(runner: dict[str, Any], need_bytes: int) -> bool:
+    """Every owned device of ``runner`` has less memory in all than ``need_bytes``."""
+    owned = [d for d in runner.get("devices") or [] if isinstance(d, dict) and d.get("slots")]
+    totals = [d.get("memory_total_bytes") for d in owned]
+    return bool(owned) and all(isinstance(t, int) and t < need_bytes for t in totals)
+
+
+def _device_reason(spec: WorkerSpec | None, free: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """For a GPU worker: the free runners (a slot of --concurrency left) all lack a free device slot,
+    or none of their devices is large enough for the memory the worker declares."""
+    if spec is None or not spec.gpu or not free:
+        return None
+    need = spec.gpu_memory_needed()
+    if need and all(_fits_no_device(r, need) for r in free):
+        return {"code": "no_device_fits",
+                "message": f"the worker declares {need / 2**30:.1f} GiB of GPU memory, more than any device of "
+                           "the capable runners has", "not_before": None}
+    slots = [_device_slots(r) for r in free]
+    if all(s is not None and s[0] >= s[1] for s in slots):
+        busy = sum(s[0] for s in slots if s)
+        total = sum(s[1] for s in slots if s)
+        return {"code": "waiting_for_device",
+                "message": f"waiting for a free GPU: every device slot of the capable runners is taken "
+                           f"({busy} of {total}); it starts when a device is free", "not_before": None}
+    return None
+
+
 def queued_reason(run: dict[str, Any], worker: str, capable: list[dict[str, Any]], db_now: datetime,
-                  db_revision: str | None) -> dict[str, Any]:
+                  db_revision: str | None, spec: WorkerSpec | None = None) -> dict[str, Any]:
     """Why a QUEUED run is not running yet, in the order an operator would check.
-    ``capable``: the online runners that advertise the worker (``_capable``)."""
+    ``capable``: the online runners that advertise the worker (``_capable``); ``spec``: the worker's
+    declaration (a GPU worker waits for a device slot on a runner that owns devices)."""
     not_before = run.get("not_before")
     if not_before is not None and datetime.fromisoformat(not_before) > db_now:
         return {"code": "backing_off", "message": f"retry attempt {run.get('attempt')} waits until {not_before}",
@@ -127,6 +165,9 @@ def queued_reason(run: dict[str, Any], worker: str, capable: list[dict[str, Any]
                 "not_before": None}
     if all(r["busy"] for r in current):
         return {"code": "runners_busy", "message": "every capable runner is busy with other runs", "not_before": None}
+    device = _device_reason(spec, [r for r in current if not r["busy"]])
+    if device is not None:
+        return device
     return {"code": "waiting_for_claim", "message": "a capable runner is free; it claims the run at its next poll",
             "not_before": None}
 
@@ -164,7 +205,7 @@ def workers_view(engine: Engine, catalogue: dict[str, WorkerSpec], names: list[s
             "active_run": active,
             "last_run": _normalise_jsonb_run(last_raw),
             "runners": [_runner_summary(r) for r in capable],
-            "queued_reason": (queued_reason(active, name, capable, db_now, db_revision)
+            "queued_reason": (queued_reason(active, name, capable, db_now, db_revision, spec)
                               if active is not None and active["status"] == "QUEUED" else None),
         })
     return {

@@ -9,13 +9,14 @@ import click
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Processes; the API is stateless across them")
-@click.option("--forwarded-allow-ips", default="127.0.0.1", show_default=True,
-              help="Proxies whose X-Forwarded-For is trusted (the login rate limit is per client address)")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @click.option("--reload", is_flag=True, help="Restart on code changes (development)")
-def command(host: str, port: int, workers: int, forwarded_allow_ips: str, log_level: str, reload: bool) -> None:
-    """Run the API: uvicorn --factory scrinalia.api.app:create_app."""
+def command(host: str, port: int, workers: int, log_level: str, reload: bool) -> None:
+    """Run the API: uvicorn --factory scrinalia.api.app:create_app.
+
+    Forwarded headers are believed only from API_TRUSTED_PROXIES (the app decides; uvicorn's own proxy
+    handling, which trusts 127.0.0.1 by default, is off)."""
     import uvicorn
 
     from scrinalia.api.settings import load_api_settings
@@ -30,8 +31,7 @@ def command(host: str, port: int, workers: int, forwarded_allow_ips: str, log_le
         port=port,
         workers=None if reload else workers,
         reload=reload,
-        proxy_headers=True,
-        forwarded_allow_ips=forwarded_allow_ips,
+        proxy_headers=False,
         log_level=log_level,
         server_header=False,
     )

@@ -17,7 +17,7 @@ def command() -> None:
 @click.argument("revision", default="head")
 def upgrade(revision: str) -> None:
     """Migrate DATABASE_URL up to REVISION (default: head)."""
-    migrate.upgrade(get_settings().require_database_url().render(), revision)
+    migrate.upgrade(get_settings().require_database_url(), revision)
     click.echo(f"database at {revision}")
 
 
@@ -39,11 +39,28 @@ def current() -> None:
 @click.option("--password-env", default="RUNNER_DB_PASSWORD", show_default=True,
               help="Environment variable holding the role's password (never pass it on the command line).")
 def runner_role(role: str, password_env: str) -> None:
-    """Create or update the runner's least-privilege role and its grants."""
+    """Create or update the runner's least-privilege role and its grants (safe to re-run after each
+    migration; run it as the schema owner). The grants: docs/security.md, "Database roles"."""
     import os
 
-    from scrinalia.db.roles import ensure_runner_role
+    from scrinalia.db.roles import RunnerRoleError, ensure_runner_role
 
     password = os.environ.get(password_env)
-    ensure_runner_role(app_engine(get_settings(), application_name="scrinalia-cli"), role, password)
-    click.echo(f"role {role} ready" + ("" if password else f" (no password set: {password_env} is empty)"))
+    engine = app_engine(get_settings(), application_name="scrinalia-cli", poolclass=None)
+    try:
+        report = ensure_runner_role(engine, role, password)
+    except RunnerRoleError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        engine.dispose()
+    click.echo(f"role {role} {'created' if report.created else 'updated'}"
+               + (f" ({', '.join(report.altered)})" if report.altered else "")
+               + ("" if password else f"; no password set ({password_env} is empty)"))
+    if report.connect_revoked:
+        click.echo(f"PUBLIC may no longer connect to: {', '.join(report.connect_revoked)}")
+    if not report.temp_revoked:
+        click.echo("warning: the role may still create temporary tables (PUBLIC holds TEMP on this database "
+                   "and only its owner can revoke it: REVOKE TEMPORARY ON DATABASE ... FROM PUBLIC)", err=True)
+    if report.still_connects:
+        click.echo(f"note: the role may also connect to {', '.join(report.still_connects)} (PUBLIC's CONNECT); "
+                   "allow it only this database in pg_hba.conf (docs/security.md)", err=True)

@@ -11,8 +11,11 @@ What it does, in order (the README's first screen says the same):
    and it must be changed at the first login. A second run never creates a second admin;
 5. starts the API (which serves the panel from ``ui/``) and a runner daemon with every worker of the
    catalogue as its capabilities, and prefixes each process's log lines (``api    | ``, ``runner | ``);
-6. prints the URL and what to do first; Ctrl-C (or SIGTERM) drains the runner, stops the API and then
-   the private PostgreSQL, in that order.
+6. prints the URL, what to do first, an ``export DATABASE_URL=...`` line for the other CLIs, and which
+   workers need a setting before they can run (``ner`` needs a model directory); Ctrl-C (or SIGTERM)
+   drains the runner (a short dev drain: 5 s), stops the API and then the private PostgreSQL, in that
+   order; a second Ctrl-C stops now (the runner interrupts its runs at once). A PostgreSQL that was
+   already running (another ``scrinalia dev`` started it) is reused and left running, and it says so.
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ from sqlalchemy.engine import make_url
 
 DEFAULT_ADMIN_EMAIL = "admin@scrinalia.local"
 DATABASE_NAME = "scrinalia"
+#: The dev runner's --drain-timeout: a developer's Ctrl-C should not wait a production drain.
+DEV_DRAIN_S = 5.0
 _COLOURS = {"api": "\033[36m", "runner": "\033[35m", "sched": "\033[32m", "dev": "\033[33m"}
 _RESET = "\033[0m"
 
@@ -72,6 +77,9 @@ class Database:
     url: str
     description: str
     stop: Callable[[], None] = field(default=lambda: None)
+    #: Set when this run reused a PostgreSQL someone else started: it is left running, and this says how
+    #: to stop it.
+    left_running: str | None = None
 
 
 def _redacted(url: str) -> str:
@@ -103,10 +111,13 @@ def start_embedded_database(data_dir: Path) -> Database:
         return _start_pgserver(data_dir)
     fresh = not (data_dir / "pgdata" / "PG_VERSION").exists()
     cluster = LocalCluster.create(data_dir)
+    left_running = None
     if cluster.is_running():
         # Another `scrinalia dev` started it: reuse it and leave it running for that one.
-        say(f"PostgreSQL under {data_dir} is already running; reusing it")
+        say(f"PostgreSQL under {data_dir} is already running; reusing it (it is left running at the end)")
         stop = lambda: None  # noqa: E731
+        left_running = (f"PostgreSQL under {cluster.data_dir} was already running when this started: left running "
+                        f"(stop it with the `make dev` that started it, or: pg_ctl -D {cluster.data_dir} stop)")
     else:
         if not port_is_free("127.0.0.1", cluster.port):
             # The port saved at the last run has been taken by something else since.
@@ -123,7 +134,8 @@ def start_embedded_database(data_dir: Path) -> Database:
                                f"it (is the directory still readable by the postgres user?)")
     url = _ensure_database(cluster.url("postgres"), DATABASE_NAME)
     what = "new" if fresh else "existing"
-    return Database(url, f"private PostgreSQL ({what} data in {data_dir / 'pgdata'}, port {cluster.port})", stop)
+    return Database(url, f"private PostgreSQL ({what} data in {data_dir / 'pgdata'}, port {cluster.port})", stop,
+                    left_running)
 
 
 def _start_pgserver(data_dir: Path) -> Database:
@@ -255,6 +267,7 @@ def api_argv(host: str, port: int) -> list[str]:
     return [
         sys.executable, "-m", "uvicorn", "scrinalia.api.app:create_app", "--factory",
         "--host", host, "--port", str(port), "--no-access-log", "--log-level", "info", "--no-server-header",
+        "--no-proxy-headers",  # forwarded headers: API_TRUSTED_PROXIES only (scrinalia.api.middleware)
     ]
 
 
@@ -311,15 +324,57 @@ def _catalogue_names() -> list[str]:
         return []
 
 
-def _banner(url: str, admin: AdminOutcome, database: Database, workers: list[str]) -> list[str]:
+def export_line(database: Database, external: bool) -> str:
+    """The line that gives the other CLIs (``scrinalia users``, ``scrinalia scheduler``, ``scrinalia-runner``)
+    this database. The private cluster's URL holds no secret (trust authentication on 127.0.0.1 only,
+    decision 0085), so it is printed whole; a URL with a password never is: its password is masked."""
+    if external:
+        return "  other CLIs: they read the DATABASE_URL you set for this shell"
+    parsed = make_url(database.url)
+    if parsed.password:
+        return (f"  export DATABASE_URL={parsed.render_as_string(hide_password=True)}"
+                "   (its password is not printed; put it in place of ***)")
+    return f"  export DATABASE_URL={database.url}"
+
+
+def needs_setup(database_url: str) -> dict[str, str]:
+    """The workers a default run would be refused for (the shared validation over the persisted
+    settings: ``ner`` without a model directory), with the reason; a broken catalogue is reported."""
+    from scrinalia.db.engine import create_engine_from_url
+    from scrinalia.domains.archive.errors import InvalidRunRequest
+    from scrinalia.domains.archive.workers.plugins import load_catalogue
+    from scrinalia.domains.archive.workers.validation import validate_run_request
+
+    engine = create_engine_from_url(database_url, application_name="scrinalia-dev")
+    out: dict[str, str] = {}
+    try:
+        catalogue = load_catalogue()
+        for name in catalogue:
+            try:
+                validate_run_request(catalogue, engine, name, {})
+            except InvalidRunRequest as exc:
+                out[name] = exc.field
+    except Exception as exc:  # noqa: BLE001 - the banner must not stop make dev
+        say(f"could not check the workers' settings ({exc})")
+    finally:
+        engine.dispose()
+    return out
+
+
+def _banner(url: str, admin: AdminOutcome, database: Database, workers: list[str], *, external: bool = False,
+            setup: dict[str, str] | None = None) -> list[str]:
     lines = [
         "",
         "=" * 72,
         f"  Scrinalia is running:  {url}",
         f"  database:  {database.description}",
+        export_line(database, external),
         f"  workers:   {', '.join(workers) if workers else '(see the panel)'}",
-        "",
     ]
+    for name, what in (setup or {}).items():
+        lines.append(f"  {name} needs a model: set {what} in the panel (Workers > {name} > Settings); "
+                     "docs/workers.md, \"Models\"")
+    lines.append("")
     if admin.created:
         lines += [
             f"  admin:     {admin.email}",
@@ -329,7 +384,7 @@ def _banner(url: str, admin: AdminOutcome, database: Database, workers: list[str
     else:
         lines += [
             f"  admin:     {admin.email} (already created on a previous run; its password is not shown again;",
-            "             `scrinalia users reset-password EMAIL` sets a new one)",
+            "             `scrinalia users reset-password EMAIL`, after the export above, sets a new one)",
         ]
     lines += [
         "",
@@ -338,7 +393,8 @@ def _banner(url: str, admin: AdminOutcome, database: Database, workers: list[str
         "    2. choose your own password when the panel asks;",
         "    3. on the Workers page, press Run on `embedding`, and watch it go QUEUED -> RUNNING -> SUCCESS.",
         "",
-        "  Ctrl-C stops everything; `make dev` again reuses the data (rm -rf .scrinalia to start over).",
+        "  Ctrl-C stops everything (a second Ctrl-C stops now); `make dev` again reuses the data",
+        "  (rm -rf .scrinalia to start over).",
         "=" * 72,
         "",
     ]
@@ -377,12 +433,19 @@ def command(port: int, host: str, data_dir: Path, admin_email: str, concurrency:
                        f"(make dev SCRINALIA_DEV_PORT=N)")
 
     stopping = threading.Event()
+    processes: list[Managed] = []
 
     def on_signal(signum: int, _frame: object) -> None:
         if stopping.is_set():
+            # The second one: stop now. A second SIGTERM makes the runner interrupt its runs at once
+            # (its own rule), and the others are already being stopped.
+            say(f"{signal.Signals(signum).name} again: stopping now")
+            for proc in processes:
+                proc.send(signal.SIGTERM)
             return
         stopping.set()
-        say(f"{signal.Signals(signum).name}: stopping everything (runner drains first)")
+        say(f"{signal.Signals(signum).name}: stopping everything (runner drains first, {DEV_DRAIN_S:.0f} s; "
+            "Ctrl-C again stops now)")
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -393,29 +456,33 @@ def command(port: int, host: str, data_dir: Path, admin_email: str, concurrency:
     else:
         say(f"starting a private PostgreSQL under {data_dir}/")
         database = start_embedded_database(data_dir)
-    processes: list[Managed] = []
     try:
         _prepare_and_run(database, host, port, admin_email, concurrency, runner, scheduler, demo, stopping,
-                         processes)
+                         processes, external=bool(external))
     finally:
         for proc in reversed(processes):  # the runner first (it drains), then the API
             if proc.poll() is None:
                 say(f"stopping {proc.name} (pid {proc.pid})")
-            code = proc.stop(timeout=40 if proc.name == "runner" else 15)
+            code = proc.stop(timeout=DEV_DRAIN_S + 15 if proc.name == "runner" else 15)
             clean = code in (0, -signal.SIGTERM, 128 + signal.SIGTERM)
             say(f"{proc.name} stopped" + ("" if clean else f" (exit {code})"))
-        if not external:
+        stopped = True
+        if database.left_running:
+            stopped = False
+            say(database.left_running)
+        elif not external:
             say("stopping PostgreSQL")
             try:
                 database.stop()
             except Exception as exc:  # noqa: BLE001 - report it, the rest is stopped already
+                stopped = False
                 say(f"PostgreSQL did not stop cleanly: {exc}")
-        say("all stopped")
+        say("all stopped" if stopped else "stopped, except PostgreSQL (see above)")
 
 
 def _prepare_and_run(database: Database, host: str, port: int, admin_email: str, concurrency: int,
                      runner: bool, scheduler: bool, demo: bool, stopping: threading.Event,
-                     processes: list[Managed]) -> None:
+                     processes: list[Managed], *, external: bool = False) -> None:
     from scrinalia.db import migrate
     from scrinalia.db.engine import create_engine_from_url
 
@@ -445,11 +512,11 @@ def _prepare_and_run(database: Database, host: str, port: int, admin_email: str,
     if runner:
         name = f"dev-{socket.gethostname()}"
         # The progress reaches the ledger with each heartbeat: 5 s matches the panel's 5 s poll.
-        timings = ["--heartbeat", "5", "--lease", "30", "--poll", "1", "--drain-timeout", "30"]
+        timings = ["--heartbeat", "5", "--lease", "30", "--poll", "1", "--drain-timeout", str(DEV_DRAIN_S)]
         processes.append(Managed("runner", runner_argv(name, concurrency, extra=timings), env))
     if scheduler:
         processes.append(Managed("sched", scheduler_argv(), env))
-    for line in _banner(url, admin, database, workers):
+    for line in _banner(url, admin, database, workers, external=external, setup=needs_setup(database.url)):
         say(line)
     admin.password = None  # printed once
 

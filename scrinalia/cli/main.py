@@ -11,6 +11,7 @@ import sys
 
 import click
 
+from scrinalia.db.errors import EXIT_DATABASE, database_errors, describe_database_error
 from scrinalia.settings import SettingsError
 
 SUBCOMMANDS = {
@@ -41,11 +42,16 @@ def cli() -> None:
 
 
 def main() -> None:
+    """Every subcommand's configuration and database errors end here: one line and a distinct exit
+    code (2: configuration, 5: the database refused or did not answer), never a traceback."""
     try:
         cli(standalone_mode=True)
     except SettingsError as exc:
         click.echo(f"configuration error: {exc}", err=True)
         sys.exit(2)
+    except database_errors() as exc:
+        click.echo(f"database error: {describe_database_error(exc)}", err=True)
+        sys.exit(EXIT_DATABASE)
 
 
 if __name__ == "__main__":

@@ -35,14 +35,23 @@ def run(interval: float) -> None:
 @click.option("--request", "request_json", default="{}", help="The run request as a JSON object.")
 @click.option("--by", "created_by", default=None)
 def add(worker: str, every: int, request_json: str, created_by: str | None) -> None:
-    """Add a schedule for WORKER."""
+    """Add the schedule of WORKER (one per worker), its request validated as the API validates it.
+
+    Exit 2, writing nothing, for an unknown worker, option, engine or preset, an out-of-range value, a
+    missing required option (a model directory), or a worker that already has a schedule.
+    """
     from scrinalia.domains.archive.errors import InvalidRunRequest
-    from scrinalia.scheduler.schedules import create_schedule
+    from scrinalia.domains.archive.workers.plugins import load_catalogue
+    from scrinalia.scheduler.schedules import ScheduleExists, create_schedule
 
     try:
         request = json.loads(request_json)
-        schedule = create_schedule(_engine(), worker, every, request, created_by=created_by)
-    except (json.JSONDecodeError, InvalidRunRequest, ValueError) as exc:
+    except json.JSONDecodeError as exc:
+        raise click.UsageError(f"--request is not JSON: {exc}") from None
+    try:
+        schedule = create_schedule(_engine(), worker, every, request, catalogue=load_catalogue(),
+                                   created_by=created_by)
+    except (InvalidRunRequest, ScheduleExists, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(f"schedule {schedule.id}: {worker} every {every} s, next at {schedule.next_run_at:%Y-%m-%d %H:%M:%S %Z}")
 
@@ -58,12 +67,34 @@ def list_() -> None:
                    f"\tlast {s.last_outcome or '-'}")
 
 
+def _set_enabled(schedule_id: int, enabled: bool) -> None:
+    from scrinalia.scheduler.schedules import set_enabled
+
+    if set_enabled(_engine(), schedule_id, enabled) is None:
+        raise click.UsageError(f"no schedule {schedule_id}")
+    click.echo(f"schedule {schedule_id} {'enabled' if enabled else 'disabled'}")
+
+
+@command.command("enable")
+@click.argument("schedule_id", type=int)
+def enable(schedule_id: int) -> None:
+    """Enable a schedule."""
+    _set_enabled(schedule_id, True)
+
+
 @command.command("disable")
 @click.argument("schedule_id", type=int)
 def disable(schedule_id: int) -> None:
-    """Disable a schedule."""
-    from scrinalia.scheduler.schedules import set_enabled
+    """Disable a schedule; what it left QUEUED (a retry in its backoff) is cancelled, a RUNNING run is not."""
+    _set_enabled(schedule_id, False)
 
-    if set_enabled(_engine(), schedule_id, False) is None:
+
+@command.command("remove")
+@click.argument("schedule_id", type=int)
+def remove(schedule_id: int) -> None:
+    """Remove a schedule; the runs it enqueued keep their rows."""
+    from scrinalia.scheduler.schedules import delete_schedule
+
+    if not delete_schedule(_engine(), schedule_id):
         raise click.UsageError(f"no schedule {schedule_id}")
-    click.echo(f"schedule {schedule_id} disabled")
+    click.echo(f"schedule {schedule_id} removed")

@@ -1,24 +1,102 @@
-"""Engines: SQLAlchemy 2 Core on psycopg 3, with TLS options from the settings.
+"""Engines: SQLAlchemy 2 Core on psycopg 3, with the TLS settings applied to every one.
 
-Every statement of the protocol runs in its own short transaction (``engine.begin()``), so ``now()``
-is the database's clock at that statement, never a stale transaction start.
+``create_engine_from_url`` is the one engine factory of every process and command (the API, the
+runner's parent and children, the scheduler, the CLIs, the migrations): each engine it makes checks
+the server as ``DB_SSLMODE`` / ``DB_SSLROOTCERT`` say, read from the environment when the caller has
+no settings at hand (decision 0051, docs/security.md "TLS to the database").
+
+Every statement of the protocol runs in its own transaction, so ``now()`` is the database's clock at
+that statement, never a stale transaction start. A single-statement step runs through
+``one_statement``: the connection is in autocommit while it is checked out, so the server sees the
+statement alone (its own implicit transaction) instead of BEGIN + statement + COMMIT, three round trips
+(decision 0070). A multi-statement transaction (the workers' fenced commit) still uses ``engine.begin()``.
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any, get_args
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.engine import URL
 
-from scrinalia.settings import DatabaseUrl, Settings
+from scrinalia.settings import DatabaseTls, DatabaseUrl, Settings, SSLMode, load_tls
+
+#: libpq's sslmode values from the weakest to the strictest.
+SSL_MODES_BY_STRENGTH: tuple[str, ...] = get_args(SSLMode)
 
 
-def connect_args_for(settings: Settings | None, application_name: str) -> dict[str, Any]:
-    args: dict[str, Any] = {"application_name": application_name}
-    if settings is not None:
-        args["sslmode"] = settings.db_sslmode
-        if settings.db_sslrootcert is not None:
-            args["sslrootcert"] = str(settings.db_sslrootcert)
+def tls_connect_args(tls: DatabaseTls | None = None, url: URL | None = None) -> dict[str, str]:
+    """``sslmode`` and ``sslrootcert`` for a connection.
+
+    The environment's settings (``tls``, or read now) always apply; a URL that asks for a stricter
+    ``sslmode`` in its query keeps it, so a setting never weakens what a URL demands. ``DB_SSLROOTCERT``
+    wins over a URL's ``sslrootcert``.
+    """
+    tls = tls if tls is not None else load_tls()
+    query = dict(url.query) if url is not None else {}
+    mode = tls.db_sslmode
+    url_mode = query.get("sslmode")
+    if isinstance(url_mode, str) and url_mode in SSL_MODES_BY_STRENGTH and (
+        SSL_MODES_BY_STRENGTH.index(url_mode) > SSL_MODES_BY_STRENGTH.index(mode)
+    ):
+        mode = url_mode
+    args = {"sslmode": mode}
+    root = tls.db_sslrootcert if tls.db_sslrootcert is not None else query.get("sslrootcert")
+    if root:
+        args["sslrootcert"] = str(root)
     return args
+
+
+def connect_args_for(settings: DatabaseTls | None, application_name: str, url: URL | None = None) -> dict[str, Any]:
+    """What the driver gets besides the URL: the application name and the TLS settings."""
+    return {"application_name": application_name, **tls_connect_args(settings, url)}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFacts:
+    """What SQLAlchemy's dialect asks the first connection of every new engine (``initialize``:
+    ``select pg_catalog.version()``, ``select current_schema()``, ``show transaction isolation level``,
+    ``show standard_conforming_strings``, each wrapped in BEGIN/ROLLBACK). A process that already knows
+    the answers (a runner's child, told by its supervisor, which asked the same server as the same
+    role) hands them to its engine, so its first connection sends nothing but its own statements."""
+
+    server_version_info: tuple[int, ...]
+    default_schema_name: str | None
+    default_isolation_level: str
+    backslash_escapes: bool
+
+    @classmethod
+    def of(cls, engine: Engine) -> ServerFacts | None:
+        """The facts an initialised engine learned; None before its first connection."""
+        dialect: Any = engine.dialect
+        if dialect.server_version_info is None:
+            return None
+        return cls(tuple(dialect.server_version_info), dialect.default_schema_name,
+                   dialect.default_isolation_level, bool(dialect._backslash_escapes))
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> ServerFacts:
+        return cls(tuple(value["server_version_info"]), value["default_schema_name"],
+                   value["default_isolation_level"], bool(value["backslash_escapes"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def adopt(self, engine: Engine) -> None:
+        """Make ``engine``'s dialect answer its first-connect questions from these facts. The dialect's
+        own ``initialize`` still runs (so every flag it derives is derived as usual); only the four
+        queries are answered here."""
+        dialect: Any = engine.dialect
+        dialect._get_server_version_info = lambda connection: self.server_version_info
+        dialect._get_default_schema_name = lambda connection: self.default_schema_name
+        dialect.get_default_isolation_level = lambda dbapi_connection: self.default_isolation_level
+
+        def backslash_escapes(connection: Any) -> None:
+            dialect._backslash_escapes = self.backslash_escapes
+
+        dialect._set_backslash_escapes = backslash_escapes
 
 
 def create_engine_from_url(
@@ -26,19 +104,35 @@ def create_engine_from_url(
     *,
     settings: Settings | None = None,
     application_name: str = "scrinalia",
+    server_facts: ServerFacts | None = None,
     **kwargs: Any,
 ) -> Engine:
-    """An engine for ``url``; a plain string is parsed (and normalised to psycopg 3) first."""
+    """An engine for ``url``; a plain string is parsed (and normalised to psycopg 3) first.
+
+    ``settings`` also sizes the pool; without them the TLS settings are read from the environment.
+    A caller's ``connect_args`` are applied last, except that they cannot weaken ``sslmode``.
+    ``server_facts``: what the dialect would ask on the first connection, already known (see
+    ``ServerFacts``)."""
     parsed = url if isinstance(url, DatabaseUrl) else DatabaseUrl(url)
     if settings is not None and "poolclass" not in kwargs:
         kwargs.setdefault("pool_size", settings.db_pool_size)
         kwargs.setdefault("max_overflow", settings.db_pool_max_overflow)
         kwargs.setdefault("pool_timeout", settings.db_pool_timeout)
     kwargs.setdefault("pool_pre_ping", True)
-    connect_args = connect_args_for(settings, application_name)
-    connect_args.update(kwargs.pop("connect_args", {}))
+    # No hstore column exists: skip the dialect's hstore type lookup on the first connection.
+    kwargs.setdefault("use_native_hstore", False)
+    connect_args = connect_args_for(settings, application_name, parsed.url)
+    extra = dict(kwargs.pop("connect_args", {}))
+    if extra.get("sslmode") in SSL_MODES_BY_STRENGTH and (
+        SSL_MODES_BY_STRENGTH.index(extra["sslmode"]) < SSL_MODES_BY_STRENGTH.index(connect_args["sslmode"])
+    ):
+        extra.pop("sslmode")
+    connect_args.update(extra)
     # hide_parameters: a failed statement's parameters never reach an exception message or a log.
-    return create_engine(parsed.url, connect_args=connect_args, hide_parameters=True, **kwargs)
+    engine = create_engine(parsed.url, connect_args=connect_args, hide_parameters=True, **kwargs)
+    if server_facts is not None:
+        server_facts.adopt(engine)
+    return engine
 
 
 def app_engine(settings: Settings, application_name: str = "scrinalia-api", **kwargs: Any) -> Engine:
@@ -51,3 +145,17 @@ def runner_engine(settings: Settings, application_name: str = "scrinalia-runner"
     return create_engine_from_url(
         settings.runner_url(), settings=settings, application_name=application_name, **kwargs
     )
+
+
+@contextmanager
+def one_statement(engine: Engine) -> Iterator[Connection]:
+    """A pooled connection in autocommit, for ONE statement (a protocol step or a single read).
+
+    PostgreSQL runs a statement sent outside a transaction block in its own transaction, so the step
+    keeps its atomicity and its ``now()`` while costing one round trip. psycopg's autocommit is a client
+    flag (setting it sends nothing), and SQLAlchemy restores the pool's default isolation on check-in.
+    Never run two statements that must commit together through this.
+    """
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        yield conn

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +95,10 @@ class LocalCluster:
             "-A", "trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync",
         ]))
 
-    def start(self, *, fsync: bool = True, max_connections: int = 200) -> None:
+    def start(self, *, fsync: bool = True, max_connections: int = 200,
+              settings: Mapping[str, str] | None = None) -> None:
+        """Start the server; ``settings`` are more ``-c name=value`` (no spaces in a value), for a test
+        cluster that needs TLS or a short autovacuum naptime."""
         if self.is_running():
             return
         self.socket_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +107,7 @@ class LocalCluster:
             f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1"
             f" -c max_connections={max_connections} -c fsync={'on' if fsync else 'off'}"
             f" -c synchronous_commit={'on' if fsync else 'off'} -c full_page_writes={'on' if fsync else 'off'}"
-        )
+        ) + "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
         log = self.data_dir.parent / "postgres.log"
         log.touch()
         self._chown(log)

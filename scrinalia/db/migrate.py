@@ -10,11 +10,12 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
 
 import migrations
+from scrinalia.settings import DatabaseUrl
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
 
-def alembic_config(url: str | None = None) -> Config:
+def alembic_config(url: DatabaseUrl | str | None = None) -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     if url is not None:
@@ -47,9 +48,9 @@ def current_revision(conn: Connection) -> str | None:
     return conn.execute(text("SELECT version_num FROM alembic_version LIMIT 1")).scalar()
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: DatabaseUrl | str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
-def downgrade(url: str, revision: str = "base") -> None:
+def downgrade(url: DatabaseUrl | str, revision: str = "base") -> None:
     command.downgrade(alembic_config(url), revision)

@@ -49,6 +49,9 @@ EXIT_REASONS = (
     "runner-stopped",
     "cancelled",
     "cancel-forced",
+    "configuration",
+    "cuda-error",  # migration 0004: a CUDA error killed the run (device-side assert, illegal access, ...)
+    "cuda-oom",    # migration 0004: CUDA out of memory (not the kernel's OOM killer: that is "oom")
 )
 USER_ROLES = ("ADMIN", "CURATOR", "VIEWER")
 DOCUMENT_STATUSES = ("DRAFT", "PUBLISHED", "NEEDS_REVIEW", "HUMAN_APPROVED")
@@ -74,9 +77,6 @@ auth_users = Table(
     Column("role", user_role, nullable=False, server_default="VIEWER"),
     Column("is_active", Boolean, nullable=False, server_default=text("true")),
     Column("must_change_password", Boolean, nullable=False, server_default=text("false")),
-    Column("failed_attempts", Integer, nullable=False, server_default=text("0")),
-    Column("lockout_count", Integer, nullable=False, server_default=text("0")),
-    Column("locked_until", TS),
     Column("last_login_at", TS),
     Column("created_at", TS, nullable=False, server_default=func.now()),
     Column("updated_at", TS, nullable=False, server_default=func.now()),
@@ -97,6 +97,32 @@ auth_sessions = Table(
     Column("client_address", Text),
     Column("user_agent", Text),
     Index("ix_auth_sessions_user", "user_id"),
+)
+
+# Login attempts (migration 0005): one bucket per account (SHA-256 of the normalised e-mail, known or
+# not) or per trusted device, claimed before a password is checked (docs/security.md).
+auth_login_throttle = Table(
+    "auth_login_throttle",
+    metadata,
+    Column("scope", Text, primary_key=True),
+    Column("key_sha256", Text, primary_key=True),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("lockout_count", Integer, nullable=False, server_default=text("0")),
+    Column("locked_until", TS),
+    Column("updated_at", TS, nullable=False, server_default=func.now()),
+    CheckConstraint("scope IN ('account', 'device')", name="ck_auth_login_throttle_scope"),
+    Index("ix_auth_login_throttle_updated", "updated_at"),
+)
+
+auth_devices = Table(
+    "auth_devices",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("token_sha256", Text, nullable=False, unique=True),
+    Column("user_id", BigInteger, ForeignKey("auth_users.id", ondelete="CASCADE"), nullable=False),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("expires_at", TS, nullable=False),
+    Index("ix_auth_devices_user", "user_id"),
 )
 
 # --- the runner registry --------------------------------------------------------------------------
@@ -125,7 +151,8 @@ archive_worker_runners = Table(
     Column("drain_requested_by", Text),
     CheckConstraint("lease_seconds > heartbeat_seconds", name="ck_runner_lease_exceeds_heartbeat"),
     CheckConstraint("concurrency >= 1", name="ck_runner_concurrency_positive"),
-    Index("ix_runners_last_heartbeat", "last_heartbeat_at"),
+    # No index on last_heartbeat_at (migration 0003): every heartbeat changes it, and an index on it
+    # would make each beat a non-HOT update.
 )
 
 # --- schedules and settings ------------------------------------------------------------------------
@@ -187,8 +214,9 @@ archive_worker_runs = Table(
     "archive_worker_runs",
     metadata,
     Column("id", BigInteger, Identity(always=True), primary_key=True),
+    # Time-ordered (UUIDv7, made by the database: migration 0003), so inserts append to the index.
     Column("run_id", UUID(as_uuid=True), nullable=False, unique=True,
-           server_default=text("gen_random_uuid()")),
+           server_default=text("archive_uuid_v7()")),
     Column("worker_name", String(WORKER_NAME_MAX), nullable=False),
     Column("status", run_status, nullable=False, server_default="QUEUED"),
     Column("trigger", run_trigger, nullable=False),
@@ -226,13 +254,12 @@ archive_worker_runs = Table(
     CheckConstraint(f"char_length(error) <= {ERROR_MAX}", name="ck_run_error_length"),
     CheckConstraint(f"exit_reason IN ({_quoted_reasons})", name="ck_run_exit_reason"),
     CheckConstraint("attempt >= 1", name="ck_run_attempt_positive"),
-    # One slot per worker: the queue is a slot, not a backlog (ADR 0014, decision 2).
+    # One slot per worker: the queue is a slot, not a backlog (ADR 0014, decision 2). It holds exactly the
+    # active rows (at most one per worker), so the claim reads it whatever the history (migration 0003
+    # dropped the separate QUEUED and lease indexes: one index entry fewer per enqueue and per claim).
     Index("uq_worker_run_active", "worker_name", unique=True,
           postgresql_where=text(f"status IN ({_quoted_statuses})")),
-    # The claim reads only QUEUED rows; the index holds only them, so history does not slow it.
-    Index("ix_worker_runs_claim", "queued_at", "id", postgresql_where=text("status = 'QUEUED'")),
     # Lease expiry and the heartbeat read only RUNNING rows.
-    Index("ix_worker_runs_lease", "lease_expires_at", postgresql_where=text("status = 'RUNNING'")),
     Index("ix_worker_runs_runner", "runner_id", postgresql_where=text("status = 'RUNNING'")),
     # Last run per worker, the runs list and its filters (keyset on id).
     Index("ix_worker_runs_worker_id", "worker_name", text("id DESC")),

@@ -3,7 +3,9 @@
 Only SCHEDULE runs are retried; manual (API) and CLI runs never are. A retry is a new row created after
 the previous row is terminal: attempt + 1, retry_of = the failed run, the same request, and
 not_before = now() + 60 s x 2^(attempt-1) with +-20% jitter, capped at 30 minutes. At most three
-attempts. CANCELLED is never retried. Only a worker's *latest* run is considered, so a run that an
+attempts. CANCELLED is never retried, nor a failure on configuration (exit_reason ``configuration``: an
+unknown worker, a request the resolver refuses, no model where the options say): it would fail the same
+way, holding the slot through its backoff. Only a worker's *latest* run is considered, so a run that an
 operator already re-ran by hand is not retried behind their back.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ _RETRY_FAILED_SCHEDULED_RUNS = text(
              LIMIT 1) AS last
      WHERE last.trigger = 'SCHEDULE'
        AND last.status IN ('FAILED', 'INTERRUPTED')
+       AND last.exit_reason IS DISTINCT FROM 'configuration'
        AND last.attempt < :max_attempts
     ON CONFLICT (worker_name) WHERE status IN ('QUEUED', 'RUNNING') DO NOTHING
     RETURNING run_id, worker_name, attempt, retry_of

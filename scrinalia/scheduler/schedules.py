@@ -1,5 +1,11 @@
 """Schedules: a worker and a request to enqueue every ``interval_seconds``.
 
+One schedule per worker: two would share the worker's one slot and starve each other without a sign,
+so a second is refused (``ScheduleExists``); change the one there is instead. A schedule's request is
+validated by the shared validation (``workers.validation``) when it is added AND at every tick, against
+the catalogue and the persisted settings of the moment: a tick whose request no longer validates (the
+worker left the catalogue, its settings changed) writes no run and records ``refused: <why>``.
+
 A tick while the worker's slot is busy is skipped, not queued (the queue is a slot). A scheduler that
 was down for several intervals fires once on its return (one catch-up), and the next tick is the next
 interval boundary after now: no replay of the missed ones.
@@ -15,7 +21,18 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from scrinalia.domains.archive import ledger
-from scrinalia.domains.archive.errors import WorkerRunAlreadyActive
+from scrinalia.domains.archive.errors import InvalidRunRequest, LedgerError, WorkerRunAlreadyActive
+from scrinalia.domains.archive.workers.validation import Catalogue, validate_run_request
+
+
+class ScheduleExists(LedgerError):
+    """The worker already has a schedule (``existing``): one per worker, so none starves another."""
+
+    def __init__(self, worker_name: str, existing: int) -> None:
+        super().__init__(f"worker {worker_name!r} already has schedule {existing}; enable, disable or remove "
+                         f"that one instead of adding another")
+        self.worker_name = worker_name
+        self.existing = existing
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +50,9 @@ class Schedule:
 
 _COLUMNS = "id, worker_name, interval_seconds, request, enabled, next_run_at, last_tick_at, last_run_id, last_outcome"
 
+# Serialises the adds of one worker (transaction-scoped), so the existence check below cannot race.
+_LOCK_WORKER = text("SELECT pg_advisory_xact_lock(hashtext('archive_worker_schedules'), hashtext(:worker_name))")
+_EXISTING = text("SELECT min(id) FROM archive_worker_schedules WHERE worker_name = :worker_name")
 _CREATE = text(
     f"""
     INSERT INTO archive_worker_schedules (worker_name, interval_seconds, request, created_by, next_run_at)
@@ -66,12 +86,18 @@ _DELETE = text("DELETE FROM archive_worker_schedules WHERE id = :id")
 
 
 def create_schedule(engine: Engine, worker_name: str, interval_seconds: int, request: dict[str, Any] | None = None,
-                    *, created_by: str | None = None, first_delay_s: float = 0) -> Schedule:
+                    *, catalogue: Catalogue, created_by: str | None = None, first_delay_s: float = 0) -> Schedule:
+    """Add the worker's schedule. Raises ``InvalidRunRequest`` (the shared validation; nothing written),
+    ``ValueError`` (the interval) and ``ScheduleExists``."""
     ledger.validate_worker_name(worker_name)
-    clean = ledger.validate_request(request or {})
+    clean = validate_run_request(catalogue, engine, worker_name, request or {})
     if interval_seconds < 60:
         raise ValueError("interval_seconds must be at least 60")
     with engine.begin() as conn:
+        conn.execute(_LOCK_WORKER, {"worker_name": worker_name})
+        existing = conn.execute(_EXISTING, {"worker_name": worker_name}).scalar()
+        if existing is not None:
+            raise ScheduleExists(worker_name, existing)
         row = conn.execute(_CREATE, {"worker_name": worker_name, "interval_seconds": interval_seconds,
                                      "request": json.dumps(clean), "created_by": created_by,
                                      "first_delay_s": float(first_delay_s)}).one()
@@ -83,10 +109,22 @@ def list_schedules(engine: Engine) -> list[Schedule]:
         return [Schedule(**r._mapping) for r in conn.execute(_LIST).all()]
 
 
-def set_enabled(engine: Engine, schedule_id: int, enabled: bool) -> Schedule | None:
-    """Enable or disable a schedule; None when there is no such schedule."""
+_QUEUED_OF_SCHEDULE = text("SELECT run_id FROM archive_worker_runs WHERE schedule_id = :id AND status = 'QUEUED'")
+
+
+def set_enabled(engine: Engine, schedule_id: int, enabled: bool, *, by: str | None = None) -> Schedule | None:
+    """Enable or disable a schedule; None when there is no such schedule.
+
+    Disabling also cancels what the schedule left QUEUED (a retry waiting out its backoff holds the
+    worker's slot: a disabled schedule must not keep a manual Run out). A RUNNING run is left alone."""
     with engine.begin() as conn:
         row = conn.execute(_SET_ENABLED, {"id": schedule_id, "enabled": enabled}).one_or_none()
+        queued = [] if enabled or row is None else list(conn.execute(_QUEUED_OF_SCHEDULE, {"id": schedule_id}).scalars())
+    for run_id in queued:
+        try:
+            ledger.request_cancel(engine, run_id, requested_by=by or "schedule disabled")
+        except LedgerError:
+            pass  # claimed or ended meanwhile: no longer a queued run of the schedule
     return Schedule(**row._mapping) if row is not None else None
 
 
@@ -100,20 +138,27 @@ def delete_schedule(engine: Engine, schedule_id: int) -> bool:
 class TickOutcome:
     schedule_id: int
     worker_name: str
-    outcome: str  # "enqueued" | "skipped-busy"
+    outcome: str  # "enqueued" | "skipped-busy" | "refused: <field>: <why>"
     run_id: uuid.UUID | None
 
 
-def fire_due_schedules(engine: Engine) -> list[TickOutcome]:
-    """Enqueue a SCHEDULE run for every due schedule. Call it only while holding the leadership."""
+REFUSED_PREFIX = "refused: "
+
+
+def fire_due_schedules(engine: Engine, catalogue: Catalogue) -> list[TickOutcome]:
+    """Enqueue a SCHEDULE run for every due schedule whose request still validates (``catalogue``: the
+    workers as the runners know them). Call it only while holding the leadership."""
     with engine.connect() as conn:
         due = [Schedule(**r._mapping) for r in conn.execute(_DUE).all()]
     outcomes = []
     for schedule in due:
         try:
-            run = ledger.enqueue(engine, schedule.worker_name, schedule.request, trigger="SCHEDULE",
+            clean = validate_run_request(catalogue, engine, schedule.worker_name, schedule.request)
+            run = ledger.enqueue(engine, schedule.worker_name, clean, trigger="SCHEDULE",
                                  requested_by="scheduler", schedule_id=schedule.id)
             outcome = TickOutcome(schedule.id, schedule.worker_name, "enqueued", run.run_id)
+        except InvalidRunRequest as exc:
+            outcome = TickOutcome(schedule.id, schedule.worker_name, (REFUSED_PREFIX + str(exc))[:500], None)
         except WorkerRunAlreadyActive:
             outcome = TickOutcome(schedule.id, schedule.worker_name, "skipped-busy", None)
         with engine.begin() as conn:

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 import psycopg
 from sqlalchemy import Engine
 
+from scrinalia.db.errors import database_errors, describe_database_error
 from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.workers.validation import Catalogue
 from scrinalia.scheduler.retry import Retry, retry_failed_scheduled_runs
 from scrinalia.scheduler.schedules import TickOutcome, fire_due_schedules
 
@@ -33,8 +35,15 @@ class TickReport:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, catalogue: Catalogue | None = None) -> None:
+        """``catalogue``: the workers a tick validates against (default: the installed plugins, the
+        runners' own catalogue)."""
+        if catalogue is None:
+            from scrinalia.domains.archive.workers.plugins import load_catalogue
+
+            catalogue = load_catalogue()
         self.engine = engine
+        self.catalogue = catalogue
         self._leader_conn: psycopg.Connection | None = None
 
     def _hold_leadership(self) -> bool:
@@ -74,7 +83,7 @@ class Scheduler:
         # Expiring leases here too lets retries of crashed scheduled runs proceed with no runner online.
         report.expired = len(ledger.expire_leases(self.engine))
         report.retries = retry_failed_scheduled_runs(self.engine)
-        report.fired = fire_due_schedules(self.engine)
+        report.fired = fire_due_schedules(self.engine, self.catalogue)
         for item in report.fired:
             log.info("schedule %s (%s): %s %s", item.schedule_id, item.worker_name, item.outcome, item.run_id or "")
         for item in report.retries:
@@ -93,6 +102,9 @@ class Scheduler:
                     if leader != was_leader:
                         log.info("scheduler is %s", "the leader" if leader else "standing by")
                         was_leader = leader
+                except database_errors() as exc:  # the database is down or refuses us: one line, retry
+                    log.warning("scheduler tick failed: database error: %s; retrying in %.0f s",
+                                describe_database_error(exc), interval_s)
                 except Exception:
                     log.exception("scheduler tick failed; retrying in %.0f s", interval_s)
                 stop.wait(interval_s)

@@ -64,17 +64,24 @@ def test_users_commands(database_url, engine):
     assert _cli(database_url, "users", "set-role", "view@example.org", "curator").exit_code == 0
     with engine.begin() as conn:
         assert conn.execute(text("SELECT role FROM auth_users WHERE email = 'view@example.org'")).scalar() == "CURATOR"
-        conn.execute(text("UPDATE auth_users SET failed_attempts = 3, locked_until = now() + interval '1 hour'"))
+        conn.execute(text(
+            "INSERT INTO auth_login_throttle (scope, key_sha256, attempts, lockout_count, locked_until) "
+            "VALUES ('account', encode(sha256(convert_to('root@example.org', 'UTF8')), 'hex'), 5, 1, "
+            "now() + interval '1 hour')"))
         hashed = conn.execute(text("SELECT password_hash FROM auth_users WHERE email = 'root@example.org'")).scalar()
     assert hashed.startswith("$argon2id$")
 
+    listing = next(line for line in _cli(database_url, "users", "list").output.splitlines()
+                   if line.startswith("root@example.org"))
+    assert "T" in listing.split()[4]  # LOCKED-UNTIL: the account bucket's lock, as a timestamp
     r = _cli(database_url, "users", "reset-password", "root@example.org", "--password-stdin",
              input="a fresh passphrase here\n")
     assert r.exit_code == 0, r.output
     with engine.connect() as conn:
-        row = conn.execute(text("SELECT must_change_password, failed_attempts, locked_until FROM auth_users "
+        row = conn.execute(text("SELECT must_change_password FROM auth_users "
                                 "WHERE email = 'root@example.org'")).one()
-    assert tuple(row) == (True, 0, None)
+        locks = conn.execute(text("SELECT count(*) FROM auth_login_throttle")).scalar_one()
+    assert tuple(row) == (True,) and locks == 0  # the reset lifted the account's lock
 
     r = _cli(database_url, "users", "deactivate", "view@example.org")
     assert r.exit_code == 0

@@ -168,3 +168,36 @@ def test_failures_are_grouped_by_fingerprint(client, admin_headers, engine):
     body = client.get("/api/v1/system/failures", headers=admin_headers, params={"days": 60}).json()
     assert len(body["failures"]) == 3
     assert client.get("/api/v1/system/failures", headers=admin_headers, params={"days": 0}).status_code == 422
+
+
+def test_retry_a_failed_or_interrupted_run_is_a_new_row_with_retry_of(client, admin_headers, viewer_headers, engine):
+    failed = _finished_run(engine, "alpha", "FAILED", error="RuntimeError: boom")
+    assert client.post(f"{R}/{failed.run_id}/retry", headers=viewer_headers).status_code == 403
+    r = client.post(f"{R}/{failed.run_id}/retry", headers=admin_headers)
+    assert r.status_code == 201, r.text
+    retry = r.json()
+    assert retry["status"] == "QUEUED" and retry["retry_of"] == str(failed.run_id) and retry["attempt"] == 2
+    assert retry["trigger"] == "API" and retry["request"] == failed.request
+    assert r.headers["location"] == f"{R}/{retry['run_id']}"
+    # the slot is now the retry's: a second retry is 409 with the active run
+    again = client.post(f"{R}/{failed.run_id}/retry", headers=admin_headers)
+    assert again.status_code == 409 and again.json()["active_run"]["run_id"] == retry["run_id"]
+    client.post(f"{R}/{retry['run_id']}/cancel", headers=admin_headers)
+    # CANCELLED (on purpose) and SUCCESS are not retried; an unknown run is 404
+    cancelled = client.post(f"{R}/{retry['run_id']}/retry", headers=admin_headers)
+    assert cancelled.status_code == 409 and cancelled.json()["error"] == "run_not_retryable"
+    assert client.post(f"{R}/{uuid.uuid4()}/retry", headers=admin_headers).status_code == 404
+    interrupted = _finished_run(engine, "beta", "INTERRUPTED", error="LeaseExpired: gone")
+    assert client.post(f"{R}/{interrupted.run_id}/retry", headers=admin_headers).status_code == 201
+
+
+def test_a_retry_is_validated_again(client, admin_headers, engine):
+    # the request was valid when it ran; the worker's engine options have changed since (an option the
+    # engine no longer knows, written around the validation): the retry is refused and writes nothing
+    failed = _finished_run(engine, "alpha", "FAILED", error="RuntimeError: boom")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archive_worker_runs SET request = '{\"options\": {\"gone\": 1}}' WHERE run_id = :r"),
+                     {"r": failed.run_id})
+    r = client.post(f"{R}/{failed.run_id}/retry", headers=admin_headers)
+    assert r.status_code == 422 and "options.gone" in r.json()["fields"]
+    assert ledger.active_run(engine, "alpha") is None

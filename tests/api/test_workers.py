@@ -156,7 +156,7 @@ def test_settings_put_delete_and_revisions(client, admin_headers, viewer_headers
 def test_metrics_in_prometheus_text(client, admin_headers, engine):
     client.post(f"{W}/alpha/runs", headers=admin_headers, json={})
     register_runner(engine, ["alpha"])
-    r = client.get("/metrics")
+    r = client.get("/metrics", headers=admin_headers)  # an ADMIN session (or API_METRICS_TOKEN)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     text_ = r.text
     assert 'scrinalia_worker_runs_active{worker="alpha",status="QUEUED"} 1' in text_

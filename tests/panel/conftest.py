@@ -23,7 +23,7 @@ from sqlalchemy import Engine, text
 from scrinalia.cli.dev import wait_http
 from scrinalia.db.local_cluster import free_port
 from tests.conftest import _fresh_database
-from tests.panel.helpers import ADMIN, ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, PLUGINS, REPO, VIEWER, shot
+from tests.panel.helpers import ADMIN, ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, PLUGINS, REPO, VIEWER, shot, watch_csp
 
 
 def _env(database_url: str, **extra: str) -> dict[str, str]:
@@ -80,9 +80,12 @@ class Proc:
 class RunnerControl:
     """Start and stop the runner daemon from inside a test (a QUEUED run needs no runner at first)."""
 
-    def __init__(self, database_url: str, name: str = "panel-runner") -> None:
+    def __init__(self, database_url: str, name: str = "panel-runner", capabilities: str = "panel-slow,panel-crash",
+                 flags: tuple[str, ...] = ()) -> None:
         self.database_url = database_url
         self.name = name
+        self.capabilities = capabilities
+        self.flags = flags
         self.proc: Proc | None = None
         self.socket_dir = Path(tempfile.mkdtemp(prefix="scrinalia-panel-runner-"))
 
@@ -95,11 +98,12 @@ class RunnerControl:
             return self
         argv = [
             sys.executable, "-m", "scrinalia.domains.archive.workers.runner_daemon",
-            "--name", self.name, "--capabilities", "panel-slow,panel-crash",
+            "--name", self.name, "--capabilities", self.capabilities,
             "--concurrency", "2", "--heartbeat", "1", "--lease", "6", "--poll", "0.5", "--drain-timeout", "5",
             # A socket of its own, in a directory of its own (the runner makes its socket's directory 0700):
             # another test session on this host may run a "panel-runner" too.
             "--socket", str(self.socket_dir / f"{self.name}.sock"),
+            *self.flags,
         ]
         self.proc = Proc("runner", argv, _env(self.database_url))
         return self
@@ -154,7 +158,7 @@ def panel_users(panel_engine: Engine) -> dict[str, tuple[str, str]]:
 def live_api(panel_database_url: str, panel_users) -> Iterator[str]:
     port = free_port()
     argv = [sys.executable, "-m", "uvicorn", "scrinalia.api.app:create_app", "--factory",
-            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-proxy-headers"]
     proc = Proc("api", argv, _env(panel_database_url))
     base = f"http://127.0.0.1:{port}"
     if not wait_http(f"{base}/healthz", 60, alive=proc.alive):
@@ -189,6 +193,7 @@ def browser():
 def page(browser, live_api: str, request):
     context = browser.new_context(base_url=live_api, viewport={"width": 1280, "height": 900},
                                   color_scheme="light", reduced_motion="reduce")
+    violations = watch_csp(context)
     pg = context.new_page()
     pg.set_default_timeout(15_000)
     errors: list[str] = []
@@ -198,6 +203,8 @@ def page(browser, live_api: str, request):
         shot(pg, f"FAILED-{request.node.name}")
     context.close()
     assert not errors, f"JavaScript errors in the panel: {errors}"
+    # Every panel test walks its pages under the Content-Security-Policy: nothing may be refused.
+    assert not violations, f"Content-Security-Policy violations in the panel: {violations}"
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

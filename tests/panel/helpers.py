@@ -28,3 +28,25 @@ def login(page, email: str, password: str) -> None:
     page.get_by_label("E-mail").fill(email)
     page.get_by_label("Password").fill(password)
     page.get_by_role("button", name="Log in").click()
+
+
+_CSP_LISTENER = """
+document.addEventListener('securitypolicyviolation', (e) => {
+  window.reportCspViolation(`${e.effectiveDirective} blocked ${e.blockedURI || 'inline'} at ${e.sourceFile}:${e.lineNumber}`);
+});
+"""
+
+
+def watch_csp(context) -> list[str]:
+    """Every Content-Security-Policy violation of every page and frame of ``context``, as chromium reports
+    it: the ``securitypolicyviolation`` event, and the console's "Content Security Policy" errors."""
+    violations: list[str] = []
+    context.expose_function("reportCspViolation", lambda text: violations.append(text))
+    context.add_init_script(_CSP_LISTENER)
+
+    def on_page(page) -> None:
+        page.on("console", lambda msg: violations.append(msg.text)
+                if msg.type == "error" and "Content Security Policy" in msg.text else None)
+
+    context.on("page", on_page)
+    return violations

@@ -5,15 +5,19 @@
   RUNNING with a moving progress bar; the SDK's batch loop honours cancellation between batches.
 * ``panel-crash``: writes a line to stderr and then dies of SIGSEGV (a real segfault through ctypes),
   the way a CUDA crash kills a child: the parent records FAILED with exit fields and a fingerprint.
+* ``panel-model``: an engine whose ``model`` option is required (as ``ner``'s is): refused until a model
+  directory is set in its Settings. No runner claims it.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import ctypes
 import sys
 import time
 from typing import Any
 
-from scrinalia.domains.archive.workers.sdk import OptionSpec, RunContext, WorkerSpec
+from scrinalia.domains.archive.workers.sdk import EngineSpec, OptionSpec, RunContext, WorkerSpec
 
 
 def run_slow(ctx: RunContext) -> dict[str, Any]:
@@ -65,4 +69,32 @@ CRASH = WorkerSpec(
     options={"delay": OptionSpec("float", 0.3, "Seconds before the crash", minimum=0.0, maximum=60.0)},
 )
 
-WORKERS = [SLOW, CRASH]
+def run_model(ctx: RunContext) -> dict[str, Any]:
+    return {"model": ctx.config.engine_options["model"]}
+
+
+def _never_loaded(options):
+    raise AssertionError("the panel's tests never load an engine")
+
+
+MODEL = WorkerSpec(
+    name="panel-model",
+    label="Needs a model (test)",
+    description="An engine with a required model directory, like ner's.",
+    run=run_model,
+    unit="item",
+    engine_source="settings",
+    engines={"tiny": EngineSpec("tiny", "a model from a local directory", _never_loaded, options={
+        "model": OptionSpec("path", None, "a local model directory", nullable=True, required=True,
+                            required_hint="engine_options.model must name a local model directory: set it in the "
+                                          "panel (Workers > panel-model > Settings)"),
+        "device": OptionSpec("str", "cpu", "cpu or cuda", choices=("cpu", "cuda")),
+    })},
+    default_engine="tiny",
+)
+
+# Two GPU workers (the default) for the device test: only its runner (--devices 0) advertises them.
+GPU_A = dataclasses.replace(SLOW, name="panel-gpu-a", label="GPU worker A (test)")
+GPU_B = dataclasses.replace(SLOW, name="panel-gpu-b", label="GPU worker B (test)")
+
+WORKERS = [SLOW, CRASH, MODEL, GPU_A, GPU_B]

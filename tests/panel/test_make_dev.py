@@ -142,6 +142,14 @@ def test_make_dev_from_a_fresh_copy_runs_embedding(clone_dir):
         assert "api    | " in out
         assert f"password:  {PASSWORD}" in out  # printed once
         assert "demo collection: " in out and "new documents" in out
+        # the other CLIs get the database from the printed line (trust auth on 127.0.0.1: no password)
+        export = re.search(r"export DATABASE_URL=(\S+)", out).group(1)
+        assert "@127.0.0.1:" in export and ":***@" not in export
+        listed = subprocess.run([str(VENV / "bin" / "scrinalia"), "scheduler", "list"], cwd=clone, capture_output=True,
+                                text=True, timeout=60, env={**os.environ, "DATABASE_URL": export})
+        assert listed.returncode == 0, listed.stderr
+        # a fresh setup has no model directory: make dev says which worker needs one, and where to set it
+        assert "ner needs a model: set engine_options.model in the panel (Workers > ner > Settings)" in out
         dev.wait_for(r"runner \| .*registered", 60)
 
         base = f"http://127.0.0.1:{port}"
@@ -172,6 +180,17 @@ def test_make_dev_from_a_fresh_copy_runs_embedding(clone_dir):
             after = next(w for w in client.get("/api/v1/system/workers").json()["workers"] if w["name"] == "embedding")
             assert after["last_run"]["run_id"] == run_id
             assert after["counts"]["pending"] == 0  # counts are live (decision 0033): the queue is drained
+
+            # every other demo worker runs on a fresh setup with no model directory; ner says why it cannot
+            for name in ("typology", "quality-validator", "cleaning", "gpu-probe"):
+                r = client.post(f"/api/v1/system/workers/{name}/runs", json={})
+                assert r.status_code == 201, (name, r.text)
+                done = wait_run(client, r.json()["run_id"], 240)
+                assert done["status"] == "SUCCESS", (name, done)
+            refused = client.post("/api/v1/system/workers/ner/runs", json={})
+            assert refused.status_code == 422
+            assert "Workers > ner > Settings" in refused.json()["fields"]["engine_options.model"]
+            assert client.get("/api/v1/system/runs", params={"worker": "ner"}).json()["runs"] == []
     except BaseException:
         dev.kill()
         raise
@@ -179,6 +198,7 @@ def test_make_dev_from_a_fresh_copy_runs_embedding(clone_dir):
     dev.interrupt()
     out = dev.output
     assert "all stopped" in out, out[-3000:]
+    assert "stopping PostgreSQL" in out and "left running" not in out
     assert "runner stopped" in out and "api stopped" in out
     assert not (clone / ".scrinalia" / "pgdata" / "postmaster.pid").exists(), "PostgreSQL is still running"
 
@@ -197,9 +217,32 @@ def test_make_dev_from_a_fresh_copy_runs_embedding(clone_dir):
             client.headers["Authorization"] = f"Bearer {login.json()['token']}"
             runs = client.get("/api/v1/system/runs", params={"worker": "embedding"}).json()["runs"]
             assert [r["run_id"] for r in runs] == [run_id]
-    finally:
+
+            # a run in progress, then Ctrl-C twice: the second one stops now instead of waiting the drain
+            from sqlalchemy import text as sql
+
+            from scrinalia.db.engine import create_engine_from_url
+
+            engine = create_engine_from_url(export)
+            try:
+                with engine.begin() as conn:
+                    conn.execute(sql("UPDATE archive_documents SET execution_log = execution_log - 'embedding'"))
+            finally:
+                engine.dispose()
+            long_run = client.post("/api/v1/system/workers/embedding/runs", json={"db_batch_size": 1}).json()["run_id"]
+            deadline = time.monotonic() + 120
+            while client.get(f"/api/v1/system/runs/{long_run}").json()["status"] != "RUNNING":
+                assert time.monotonic() < deadline, "the run did not start"
+                time.sleep(0.3)
+    except BaseException:
         dev2.kill()
-    assert "all stopped" in dev2.output
+        raise
+    os.killpg(dev2.proc.pid, signal.SIGINT)
+    dev2.wait_for(r"stopping everything", 30)
+    started = time.monotonic()
+    dev2.interrupt(timeout=60)
+    assert time.monotonic() - started < 25, "the second Ctrl-C did not stop now"
+    assert "again: stopping now" in dev2.output and "all stopped" in dev2.output, dev2.output[-3000:]
 
 
 def screenshot_panel(base: str, port: int) -> None:

@@ -288,6 +288,37 @@ def test_a_runner_shows_its_children(page, panel_engine, running_runner):
     ensure_idle(panel_engine, "panel-slow")
 
 
+def test_a_gpu_run_waits_for_a_free_device_and_the_runner_shows_its_devices(page, panel_engine, panel_database_url):
+    from tests.panel.conftest import RunnerControl
+
+    gpu_runner = RunnerControl(panel_database_url, name="panel-gpu-runner", capabilities="panel-gpu-a,panel-gpu-b",
+                               flags=("--devices", "0", "--per-device", "1"))
+    try:
+        gpu_runner.start()
+        gpu_runner.wait_registered(panel_engine)
+        login(page, *ADMIN)
+        enqueue_from_card(page, "panel-gpu-a", units=400, delay=0.4)
+        wait_db(panel_engine, "panel-gpu-a", lambda r: r["status"] == "RUNNING", 30, "RUNNING")
+        enqueue_from_card(page, "panel-gpu-b", units=4, delay=0.1)
+        waiting = card(page, "panel-gpu-b")
+        expect(waiting).to_have_attribute("data-state", "queued")
+        nudge(page)  # the registry shows the child on its device from the next heartbeat (1 s)
+        expect(waiting.locator(".queued-reason")).to_contain_text("waiting for a free GPU", timeout=15_000)
+        expect(waiting.locator(".queued-reason")).to_contain_text("1 of 1")
+        shot(page, "19-workers-waiting-for-a-device")
+
+        page.get_by_role("navigation", name="Main").get_by_role("link", name="Runners").click()
+        runner = page.locator('article[data-runner="panel-gpu-runner"]')
+        expect(runner.locator("div.device")).to_contain_text("1 of 1 slot busy")
+        expect(runner.locator("td.device")).to_have_text("GPU 0")
+        shot(page, "20-runners-devices")
+        assert last_run(panel_engine, "panel-gpu-b")["status"] == "QUEUED"
+    finally:
+        ensure_idle(panel_engine, "panel-gpu-a")
+        ensure_idle(panel_engine, "panel-gpu-b")
+        gpu_runner.stop()
+
+
 def test_a_viewer_sees_no_controls_and_the_api_refuses(page, panel_engine, running_runner, live_api):
     import httpx
 

@@ -19,7 +19,7 @@ from tests.runner.conftest import ROOT, RUNNER, enqueue, wait_for, wait_status
 pytestmark = pytest.mark.slow
 
 CHILD_FIELDS = {"pid", "run_id", "worker", "phase", "elapsed_seconds", "progress", "rss_bytes",
-                "gpu_memory_bytes", "cancel_requested"}
+                "gpu_memory_bytes", "device", "cancel_requested"}
 
 
 def _cli(env, *args):
@@ -75,6 +75,7 @@ def test_status_shows_the_children_of_a_live_runner_and_json_has_the_documented_
         assert c["pid"] > 0 and c["elapsed_seconds"] > 0 and c["worker"] in ("slow", "hang")
         assert c["rss_bytes"] and c["rss_bytes"] > 0
         assert c["gpu_memory_bytes"] is None  # no GPU on the test machine
+        assert c["device"] is None  # NVML lists no device here: the runner owns none
     slow = next(c for c in status["children"] if c["worker"] == "slow")
     assert slow["progress"]["total"] == 200
     # The child's process title shows the run, the worker and the progress.
@@ -123,3 +124,35 @@ def test_the_control_socket_is_private(start_runner):
     runner = start_runner()
     assert stat.S_IMODE(os.stat(runner.socket_path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(runner.socket_path.parent).st_mode) & 0o077 == 0
+
+
+def test_status_finds_the_systemd_runners_socket_and_says_where_it_looked(start_runner, runner_env, tmp_path):
+    # an admin's login: its own XDG_RUNTIME_DIR (nothing there), the systemd runner's socket elsewhere
+    user_dir = tmp_path / "xdg"
+    (user_dir / "scrinalia-runner").mkdir(parents=True)
+    system_dir = tmp_path / "run-scrinalia-runner"
+    system_dir.mkdir(mode=0o700)
+    env = {**runner_env, "XDG_RUNTIME_DIR": str(user_dir), "SCRINALIA_RUNNER_SYSTEM_DIR": str(system_dir)}
+    env.pop("RUNTIME_DIRECTORY", None)
+
+    nothing = _cli(env, "status")
+    assert nothing.returncode == 1
+    assert f"{user_dir / 'scrinalia-runner'}: 0 sockets" in nothing.stderr
+    assert f"{system_dir}: 0 sockets" in nothing.stderr
+
+    socket_path = system_dir / "gpu-host.sock"  # a later --socket wins over the fixture's own
+    runner = start_runner("--heartbeat", "0.5", "--lease", "5", "--socket", str(socket_path), name="gpu-host",
+                          wait=False)
+
+    def answers():
+        try:
+            return control.query(socket_path, {"command": "status"}, timeout=1.0)
+        except (OSError, ValueError):
+            assert runner.proc.poll() is None, runner.log()
+            return None
+
+    wait_for(answers, 60, what="the runner's socket in the systemd directory")
+    found = _cli(env, "status", "--json")
+    assert found.returncode == 0, found.stderr
+    (answer,) = json.loads(found.stdout)
+    assert answer["pid"] == runner.pid

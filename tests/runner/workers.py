@@ -110,10 +110,84 @@ def run_noop(ctx: RunContext) -> dict[str, Any]:
     return {"noop": True}
 
 
-def _spec(name: str, run, batch: int = 1) -> WorkerSpec:
+def run_device_report(ctx: RunContext) -> dict[str, Any]:
+    """Reports the device its child was given, and holds it until the file ``until`` exists."""
+    seen = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER")}
+    print(f"CUDA_VISIBLE_DEVICES={seen['cuda_visible_devices']!r}", flush=True)
+    until = _opt(ctx, "until", None)
+
+    def fetch(conn, size):
+        if until is None or os.path.exists(until):
+            return []
+        time.sleep(0.05)
+        return [1]
+
+    for _ in ctx.batches(fetch):
+        pass
+    if _opt(ctx, "torch_device", False):  # what a GPU worker would pick (engines.common.torch_device)
+        from scrinalia.domains.archive.workers.engines.common import torch_device
+
+        seen["torch_device"] = str(torch_device("auto"))
+    return seen
+
+
+# The texts torch 2.x raises for CUDA failures (c10's CUDA_CHECK and the caching allocator), raised
+# here without a GPU through the same exception classes.
+ASSERT_TEXT = (
+    "CUDA error: device-side assert triggered\n"
+    "Search for `cudaErrorAssert' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html "
+    "for more information.\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+    "might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+)
+KERNEL_ASSERT_LINE = ("/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:111: operator(): block: [{b},0,0], "
+                      "thread: [{t},0,0] Assertion `-sizes[i] <= index && index < sizes[i] && \"index out of "
+                      "bounds\"` failed.")
+OOM_TEXT = (
+    "CUDA out of memory. Tried to allocate {gib}.00 GiB. GPU {gpu} has a total capacity of 79.19 GiB of which "
+    "{free} MiB is free. Including non-PyTorch memory, this process has 78.63 GiB memory in use. Of the "
+    "allocated memory 77.10 GiB is allocated by PyTorch, and 1.02 GiB is reserved by PyTorch but unallocated. "
+    "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+    "to avoid fragmentation.  See documentation for Memory Management  "
+    "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+)
+ILLEGAL_ACCESS_ABORT = (
+    "terminate called after throwing an instance of 'c10::AcceleratorError'\n"
+    "  what():  CUDA error: an illegal memory access was encountered\n"
+    "Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+    "group__CUDART__TYPES.html for more information.\n"
+    "Exception raised from c10_cuda_check_implementation at /pytorch/c10/cuda/CUDAException.cpp:44 "
+    "(most recent call first):\n"
+)
+
+
+def run_cuda_assert(ctx: RunContext) -> None:
+    import torch
+
+    n = int(_opt(ctx, "n", 1))
+    print(KERNEL_ASSERT_LINE.format(b=n, t=n * 7), flush=True)
+    raise torch.AcceleratorError(ASSERT_TEXT)
+
+
+def run_cuda_oom(ctx: RunContext) -> None:
+    import torch
+
+    n = int(_opt(ctx, "n", 1))
+    raise torch.OutOfMemoryError(OOM_TEXT.format(gib=2 ** n, gpu=n % 2, free=100 + n))
+
+
+def run_cuda_abort(ctx: RunContext) -> None:
+    """A CUDA error thrown where Python cannot catch it (a C++ destructor, a CUDA callback): std::terminate."""
+    os.write(2, ILLEGAL_ACCESS_ABORT.encode())
+    os.abort()
+
+
+def _spec(name: str, run, batch: int = 1, **declared: Any) -> WorkerSpec:
     return WorkerSpec(
         name=name, label=name, description=f"test worker {name}", run=run, unit="unit",
-        default_batch_size=batch, accepts_extra_options=True,
+        default_batch_size=batch, accepts_extra_options=True, **declared,
     )
 
 
@@ -130,4 +204,19 @@ ALL = [
     _spec("noop", run_noop),
     _spec("committer", run_committer),
     *[_spec(f"sleepy-{i:02d}", run_slow) for i in range(16)],
+    *[_spec(f"gpu-{c}", run_device_report) for c in "abc"],
+    _spec("cpu-only", run_device_report, gpu=False),
+    _spec("gpu-big", run_device_report, gpu_memory_bytes=10 * 2**30),
+    _spec("cuda-assert", run_cuda_assert),
+    _spec("cuda-oom", run_cuda_oom),
+    _spec("cuda-abort", run_cuda_abort),
 ]
+
+
+def run_sessions(ctx: RunContext) -> dict[str, Any]:
+    """Touches no database: reports how many sessions its engine opened (the resolver's read included)."""
+    pool = ctx.engine.pool
+    return {"sessions": pool.checkedin() + pool.checkedout(), "options": dict(ctx.options)}
+
+
+ALL.append(_spec("sessions", run_sessions))

@@ -8,10 +8,29 @@ from sqlalchemy import text
 
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.workers.plugins import load_catalogue
+from scrinalia.domains.archive.workers.sdk import WorkerSpec
+from scrinalia.scheduler import schedules as schedules_module
 from scrinalia.scheduler.retry import retry_failed_scheduled_runs
-from scrinalia.scheduler.schedules import create_schedule, list_schedules
-from scrinalia.scheduler.service import Scheduler
+from scrinalia.scheduler.schedules import list_schedules
+from scrinalia.scheduler.service import Scheduler as _Scheduler
 from tests.ledger.helpers import register_runner
+
+
+def _noop(ctx):
+    return {}
+
+
+# The installed catalogue, and three plain workers the retry tests schedule by name.
+CATALOGUE = {**load_catalogue(), **{n: WorkerSpec(name=n, label=n, description=n, run=_noop) for n in ("a", "b", "x")}}
+
+
+def create_schedule(engine, worker, every, request=None, **kw):
+    return schedules_module.create_schedule(engine, worker, every, request, catalogue=CATALOGUE, **kw)
+
+
+def Scheduler(engine):  # noqa: N802 - the class, with this module's catalogue
+    return _Scheduler(engine, CATALOGUE)
 
 
 def _fail(engine, runner, worker, status="FAILED"):
@@ -38,11 +57,11 @@ def test_a_due_schedule_enqueues_a_schedule_run(engine):
 
 
 def test_a_tick_while_the_slot_is_busy_is_skipped_not_queued(engine):
-    busy = ledger.enqueue(engine, "ner", {})
-    create_schedule(engine, "ner", 600)
+    busy = ledger.enqueue(engine, "quality-validator", {})
+    create_schedule(engine, "quality-validator", 600)
     report = Scheduler(engine).tick()
     assert [f.outcome for f in report.fired] == ["skipped-busy"]
-    assert ledger.active_run(engine, "ner").run_id == busy.run_id
+    assert ledger.active_run(engine, "quality-validator").run_id == busy.run_id
     (after,) = list_schedules(engine)
     assert after.last_outcome == "skipped-busy" and after.next_run_at > _db_now(engine)
 
@@ -104,13 +123,13 @@ def test_a_failed_scheduled_run_is_retried_with_backoff(engine):
 
 @pytest.mark.parametrize("trigger", ["API", "CLI"])
 def test_manual_runs_are_never_retried(engine, trigger):
-    runner = register_runner(engine, ["ner"])
-    create_schedule(engine, "ner", 3600, first_delay_s=3600)
+    runner = register_runner(engine, ["embedding"])
+    create_schedule(engine, "embedding", 3600, first_delay_s=3600)
     if trigger == "API":
-        ledger.enqueue(engine, "ner", {})
-        _fail(engine, runner, "ner")
+        ledger.enqueue(engine, "embedding", {})
+        _fail(engine, runner, "embedding")
     else:
-        run = ledger.create_running(engine, "ner", {}, runner_id=runner, lease_seconds=60)
+        run = ledger.create_running(engine, "embedding", {}, runner_id=runner, lease_seconds=60)
         ledger.finish(engine, run.run_id, runner, "FAILED", error="RuntimeError: x", exit_reason="exception")
     assert retry_failed_scheduled_runs(engine) == []
 
@@ -160,5 +179,36 @@ def test_the_scheduler_cli_adds_lists_and_disables(database_url, monkeypatch):
         bad = runner.invoke(cli, ["scheduler", "add", "embedding", "--every", "10"])
         assert bad.exit_code == 2 and "at least 60" in bad.output
         assert runner.invoke(cli, ["scheduler", "disable", "999999"]).exit_code == 2
+    finally:
+        get_settings.cache_clear()
+
+
+def test_the_scheduler_cli_enables_removes_and_refuses_a_second_schedule(database_url, engine, monkeypatch):
+    from click.testing import CliRunner
+
+    from scrinalia.cli.main import cli
+    from scrinalia.settings import get_settings
+
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    monkeypatch.delenv("SCRINALIA_WORKER_PLUGINS", raising=False)
+    get_settings.cache_clear()
+    runner = CliRunner()
+    try:
+        added = runner.invoke(cli, ["scheduler", "add", "cleaning", "--every", "3600"])
+        assert added.exit_code == 0, added.output
+        (schedule,) = list_schedules(engine)
+        second = runner.invoke(cli, ["scheduler", "add", "cleaning", "--every", "600"])
+        assert second.exit_code == 2 and f"already has schedule {schedule.id}" in second.output
+        assert len(list_schedules(engine)) == 1
+        assert runner.invoke(cli, ["scheduler", "disable", str(schedule.id)]).exit_code == 0
+        enabled = runner.invoke(cli, ["scheduler", "enable", str(schedule.id)])
+        assert enabled.exit_code == 0 and "enabled" in enabled.output
+        assert list_schedules(engine)[0].enabled
+        removed = runner.invoke(cli, ["scheduler", "remove", str(schedule.id)])
+        assert removed.exit_code == 0 and list_schedules(engine) == []
+        assert runner.invoke(cli, ["scheduler", "remove", str(schedule.id)]).exit_code == 2
+        unknown = runner.invoke(cli, ["scheduler", "add", "nosuch", "--every", "60"])
+        assert unknown.exit_code == 2 and "no worker named 'nosuch'" in unknown.output
+        assert list_schedules(engine) == []
     finally:
         get_settings.cache_clear()

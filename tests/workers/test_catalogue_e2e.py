@@ -124,7 +124,8 @@ def test_typology_links_what_reaches_the_threshold(database_url, engine, nli_mod
     insert_docs(engine, [{"reference_code": f"T{i}", "title": t} for i, t in enumerate(
         ["Letters of the council", "Map survey of the parish", "Register of deeds"])]
         + [{"reference_code": "TA", "title": "Approved letters", "status": "HUMAN_APPROVED"}])
-    request = {"engine_options": {"model": nli_model_dir}, "db_batch_size": 2}
+    request = {"engine_name": "transformers-zero-shot", "engine_options": {"model": nli_model_dir},
+               "db_batch_size": 2}
     # no active typology: nothing is stamped, the documents stay pending for when there are some
     status, result, _ = run_worker(database_url, engine, typology.SPEC, request)
     assert status == "SUCCESS" and result["typologies"] == 0 and typology.SPEC.pending_count(engine) == 3
@@ -148,6 +149,27 @@ def test_typology_links_what_reaches_the_threshold(database_url, engine, nli_mod
     assert result["units"] == 1 and result["links"] == 0
     assert scalar(engine, """SELECT count(*) FROM archive_document_typologies l JOIN archive_documents d
                              ON d.id = l.document_id WHERE d.reference_code = 'T0'""") == 0
+
+
+def test_typology_runs_with_no_model_configured_by_embedding_similarity(database_url, engine):
+    """A fresh install: no NLI model anywhere; the default engine is the bundled MiniLM's similarity."""
+    insert_docs(engine, [
+        {"reference_code": "L", "title": "Letters from the bishop to his nephew, 1821-1830"},
+        {"reference_code": "M", "title": "Map of the river harbour and the new road"},
+    ])
+    with engine.begin() as conn:
+        for name, description in [("correspondence", "letters sent or received"),
+                                  ("cartography", "maps, plans and surveys of places")]:
+            conn.execute(text("INSERT INTO archive_typologies (name, description) VALUES (:n, :d)"),
+                         {"n": name, "d": description})
+    status, result, run = run_worker(database_url, engine, typology.SPEC, {"preset": "cpu"})
+    assert status == "SUCCESS", run.error
+    assert run.engine_name == "embedding-similarity" and result["model"] == "all-MiniLM-L6-v2 (similarity)"
+    links = {r.reference_code: (r.name, r.score) for r in rows(engine, """
+        SELECT d.reference_code, t.name, l.score FROM archive_document_typologies l
+          JOIN archive_documents d ON d.id = l.document_id JOIN archive_typologies t ON t.id = l.typology_id""")}
+    assert links["L"][0] == "correspondence" and links["M"][0] == "cartography"
+    assert all(0.4 <= score <= 1.0 for _, score in links.values())
 
 
 def test_quality_validator_flags_anomalies_and_fills_the_review_queue(database_url, engine, nli_model_dir):

@@ -13,6 +13,7 @@ from scrinalia.domains.archive.workers import embedding, gpu_probe, ner, quality
 from scrinalia.domains.archive.workers.catalogue import BUILTIN
 from scrinalia.domains.archive.workers.plugins import load_catalogue
 from scrinalia.domains.archive.workers.sdk import (
+    MissingOption,
     InvalidOption,
     OptionSpec,
     RefusedOption,
@@ -147,8 +148,15 @@ def test_quality_engine_comes_from_the_active_llm_check_rule_at_resolve_time(eng
     assert resolved.sources["engine_name"] == "rule"
     # the rule changes after an enqueue: the next resolve (at claim) sees the new one
     with engine.begin() as conn:
-        conn.execute(text("UPDATE archive_cleaning_rules SET engine_options = '{\"threshold\": 0.9}'"))
+        conn.execute(text("UPDATE archive_cleaning_rules SET engine_options = CAST(:eo AS jsonb)"),
+                     {"eo": json.dumps({"model": str(tmp_path), "threshold": 0.9})})
     assert quality.SPEC.resolve(engine, {}).engine_options["threshold"] == 0.9
+    # a rule that names no model: refused where the run is asked for, saying where to set it
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archive_cleaning_rules SET engine_options = '{\"threshold\": 0.9}'"))
+    with pytest.raises(MissingOption) as missing:
+        quality.SPEC.resolve(engine, {})
+    assert missing.value.field == "engine_options.model" and "LLM_CHECK" in missing.value.message
     with engine.begin() as conn:
         conn.execute(text("UPDATE archive_cleaning_rules SET engine_name = 'gpt-9'"))
     with pytest.raises(UnknownEngine) as caught:

@@ -18,6 +18,8 @@ import * as failuresView from './views/failures.js';
 import * as runnersView from './views/runners.js';
 import { createLive } from './live.js';
 import { ago } from './format.js';
+import * as schedulesView from './views/schedules.js';
+import * as settingsView from './views/settings.js';
 
 export const INTERVALS = { running: 5000, queued: 15000, idle: 60000 };
 export const LIVE_INTERVALS = { running: 30000, queued: 30000, idle: 60000 };
@@ -29,6 +31,7 @@ const nav = document.getElementById('nav');
 const who = document.getElementById('who');
 const bar = document.getElementById('refresh-bar');
 const barState = document.getElementById('refresh-state');
+const staleBar = document.getElementById('stale-bar');
 
 // --- polling ---------------------------------------------------------------------------------------
 
@@ -64,9 +67,13 @@ const poller = {
         if (view === this.view) this.activity = activity || 'idle';
         this.lastAt = new Date();
         this.error = null;
+        this.staleSince = null;
       } catch (err) {
         if (err instanceof api.ApiError && err.status === 401) return;
         this.error = err.message;
+        // The API does not answer (network, 5xx): what is on screen is as of the last answer. Keep
+        // polling at the last pace, and say so until an answer comes back.
+        if (!(err instanceof api.ApiError) || err.status === 0 || err.status >= 500) this.staleSince ??= this.lastAt || new Date();
       }
     })();
     await this.inflight;
@@ -82,7 +89,7 @@ const poller = {
   schedule() {
     clearTimeout(this.timer);
     this.timer = null;
-    const interval = this.intervals()[this.activity] ?? null;
+    const interval = this.intervals()[this.activity] ?? (this.staleSince ? INTERVALS.queued : null);
     if (this.view && interval && !document.hidden) {
       this.timer = setTimeout(() => this.kick(), interval);
     }
@@ -90,6 +97,13 @@ const poller = {
   },
 
   render() {
+    const stale = Boolean(this.staleSince && this.view);
+    document.body.dataset.stale = stale ? 'true' : 'false';
+    staleBar.hidden = !stale;
+    if (stale) {
+      replace(staleBar, h('strong', 'Stale: '),
+        `the API does not answer (${this.error}); what is shown is as it was at ${this.staleSince.toLocaleTimeString()}.`);
+    }
     const interval = this.intervals()[this.activity] ?? null;
     document.body.dataset.poll = this.view && interval ? this.activity : 'idle';
     document.body.dataset.pollInterval = this.view && interval ? String(interval / 1000) : '0';
@@ -219,6 +233,8 @@ const ROUTES = [
   { re: /^runs\/([0-9a-fA-F-]{8,})$/, view: runView, nav: 'runs' },
   { re: /^failures$/, view: failuresView, nav: 'failures' },
   { re: /^runners$/, view: runnersView, nav: 'runners' },
+  { re: /^schedules$/, view: schedulesView, nav: 'schedules' },
+  { re: /^workers\/([^/]+)\/settings$/, view: settingsView, nav: 'workers' },
 ];
 
 let current = null;

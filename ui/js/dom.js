@@ -3,7 +3,8 @@
 
 /**
  * h("div.card#id", {attrs}, children...) -> Element
- * attrs: class, for, on* (functions), dataset (object), any other attribute; false/null skips it.
+ * attrs: class, for, on* (functions), dataset (object), style (object of CSS properties, set through
+ * the CSSOM: the CSP allows no style attribute), any other attribute; false/null skips it.
  */
 export function h(tag, attrs, ...children) {
   const m = /^([a-z0-9-]+)((?:[.#][\w-]+)*)$/i.exec(tag);
@@ -13,7 +14,8 @@ export function h(tag, attrs, ...children) {
     if (part[0] === '.') el.classList.add(part.slice(1));
     else el.id = part.slice(1);
   }
-  if (attrs && (typeof attrs !== 'object' || attrs instanceof Node || Array.isArray(attrs))) {
+  // Anything but a plain object is a child: a 0 (an exit code) too, which a truthiness test dropped.
+  if (attrs !== null && attrs !== undefined && (typeof attrs !== 'object' || attrs instanceof Node || Array.isArray(attrs))) {
     children.unshift(attrs);
     attrs = null;
   }
@@ -23,6 +25,10 @@ export function h(tag, attrs, ...children) {
       el.addEventListener(key.slice(2).toLowerCase(), value);
     } else if (key === 'class') {
       for (const c of String(value).split(/\s+/).filter(Boolean)) el.classList.add(c);
+    } else if (key === 'style') {
+      // Through the CSSOM, which the Content-Security-Policy allows; a style="" attribute it refuses.
+      if (typeof value !== 'object') throw new Error('style must be an object of CSS properties');
+      Object.assign(el.style, value);
     } else if (key === 'dataset') {
       Object.assign(el.dataset, value);
     } else if (key === 'value' && 'value' in el) {

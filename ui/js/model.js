@@ -1,6 +1,6 @@
 // What the panel reads from the API, normalised in one place so a view never guesses field names.
 import { h } from './dom.js';
-import { parseTime, duration } from './format.js';
+import { parseTime, duration, ago, absolute } from './format.js';
 import { serverNow } from './api.js';
 
 export const ACTIVE = ['QUEUED', 'RUNNING'];
@@ -51,12 +51,14 @@ export function engineList(raw) {
       presets: presets.map((p) => (typeof p === 'string' ? p : p.name)),
       default_preset: e.default_preset ?? null,
       description: e.description || e.label || '',
+      options: optionSpecs(e.options),
     };
   });
 }
 
 export function normaliseWorker(w) {
   let settings = pick(w, 'settings') || {};
+  const persisted = settings.persisted ?? null;
   if (settings.effective && typeof settings.effective === 'object') settings = settings.effective;
   const counts = pick(w, 'counts') || {};
   const engines = engineList(pick(w, 'engines', 'available_engines'));
@@ -85,6 +87,9 @@ export function normaliseWorker(w) {
     preset: pick(settings, 'preset'),
     batchSize: pick(settings, 'db_batch_size', 'batch_size') ?? pick(w, 'default_batch_size'),
     settingsSource: pick(settings, 'source', 'sources'),
+    // A default run would be refused (a required model directory no layer sets): {field, message}.
+    setupError: settings.error && typeof settings.error === 'object' ? settings.error : null,
+    persisted,
     engines,
     presets,
     engineSource: w.engine_source || null,
@@ -173,7 +178,15 @@ export function etaText(run) {
 /** Why a QUEUED run is not running, as one sentence: the API's `queued_reason` {code, message}. */
 export function queuedReasonText(reason) {
   if (!reason) return null;
+  if (reason.code === 'backing_off' && reason.not_before) {
+    return `Backing off before a retry: it may start ${ago(reason.not_before)} (${absolute(reason.not_before)}).`;
+  }
   return reason.message || REASONS[reason.code] || reason.code;
+}
+
+/** "needs a model" when what is missing is a model directory, else "needs a setting". */
+export function setupLabel(error) {
+  return /(^|\.)model$/.test(error?.field || '') ? 'needs a model' : 'needs a setting';
 }
 
 /** The API's codes (scrinalia/api/views.py, queued_reason), for an answer without a message. */
@@ -183,5 +196,7 @@ const REASONS = {
   draining: 'Every capable runner is draining.',
   schema_behind: "The capable runners' schema is behind the database.",
   runners_busy: 'Every capable runner is busy.',
+  waiting_for_device: 'Waiting for a free GPU: every device slot of the capable runners is taken.',
+  no_device_fits: 'No device of the capable runners has the GPU memory this worker declares.',
   waiting_for_claim: 'Waiting for a runner to claim it.',
 };

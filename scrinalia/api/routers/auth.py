@@ -4,23 +4,37 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Cookie, Depends, Request, Response
 
 from scrinalia.api.context import ctx
 from scrinalia.api.errors import ApiError, field_errors
 from scrinalia.api.schemas import ChangePasswordIn, ErrorOut, LoginIn, SessionOut
 from scrinalia.api.security import COOKIE_NAME, Principal, session_principal
 from scrinalia.domains.identity import auth as identity_auth
+from scrinalia.domains.identity.devices import issue_device
 from scrinalia.domains.identity.errors import AccountLocked, InvalidCredentials, InvalidUserInput
 from scrinalia.domains.identity.sessions import create_session, revoke_session
 
 log = logging.getLogger("scrinalia.api.auth")
 router = APIRouter(prefix="/auth", tags=["auth"])
 
+DEVICE_COOKIE = "scrinalia_device"
+DEVICE_COOKIE_PATH = "/api/v1/auth"  # only the login needs it: no other request carries it
+
 
 def client_address(request: Request) -> str:
-    # uvicorn rewrites request.client from X-Forwarded-For only for --forwarded-allow-ips proxies.
+    # The TCP peer, or the forwarded client when the peer is in API_TRUSTED_PROXIES (api.middleware).
     return request.client.host if request.client else "unknown"
+
+
+def locked(seconds: int) -> ApiError:
+    """The same answer for every locked bucket, known e-mail or not; the wait in the header and the text."""
+    return ApiError(
+        423, "locked",
+        f"too many failed logins for this account; try again in {seconds} s "
+        "(a browser that has logged in to this account before is not held by this lock)",
+        headers={"Retry-After": str(seconds)}, retry_after=seconds,
+    )
 
 
 def _user_out(user) -> dict[str, Any]:
@@ -45,7 +59,8 @@ def _session_out(user, csrf_token: str, expires_at, token: str | None = None) ->
     responses={401: {"model": ErrorOut}, 423: {"model": ErrorOut}, 429: {"model": ErrorOut}},
     summary="Open a session (sets the HttpOnly cookie, or answers a bearer token with issue_token)",
 )
-def login(body: LoginIn, request: Request, response: Response) -> dict[str, Any]:
+def login(body: LoginIn, request: Request, response: Response,
+          device: str | None = Cookie(default=None, alias=DEVICE_COOKIE, include_in_schema=False)) -> dict[str, Any]:
     c = ctx(request)
     address = client_address(request)
     wait = c.login_limiter.hit(address)
@@ -53,25 +68,33 @@ def login(body: LoginIn, request: Request, response: Response) -> dict[str, Any]
         raise ApiError(429, "rate_limited", "too many login attempts from this address; try again later",
                        headers={"Retry-After": str(int(wait) + 1)}, retry_after=int(wait) + 1)
     try:
-        user = identity_auth.authenticate(c.engine, body.email, body.password, policy=c.lockout, hasher=c.hasher)
+        result = identity_auth.authenticate(c.engine, body.email, body.password, device_token=device,
+                                            policy=c.lockout, hasher=c.hasher, pruner=c.lockout_pruner)
     except AccountLocked as exc:
-        log.warning("login refused: account locked (address %s)", address)
-        raise ApiError(423, "locked", str(exc), headers={"Retry-After": str(exc.retry_after_seconds)},
-                       retry_after=exc.retry_after_seconds) from None
+        log.warning("login refused: locked (address %s)", address)
+        raise locked(exc.retry_after_seconds) from None
     except InvalidCredentials as exc:
         log.info("login failed (address %s)", address)
         raise ApiError(401, "invalid_credentials", str(exc)) from None
+    user = result.user
     session = create_session(
         c.engine, user.id, hours=c.api.session_hours, client_address=address,
         user_agent=request.headers.get("user-agent"),
     )
-    log.info("login: user %s (address %s)", user.id, address)
+    log.info("login: user %s (address %s%s)", user.id, address, ", known device" if result.via_device else "")
     out = _session_out(user, session.csrf_token, session.expires_at, session.token if body.issue_token else None)
     if not body.issue_token:
         response.set_cookie(
             COOKIE_NAME, session.token, max_age=int(c.api.session_hours * 3600), path="/",
             secure=c.api.cookie_secure, httponly=True, samesite=c.api.cookie_samesite,
         )
+        if not result.via_device:
+            with c.engine.begin() as conn:
+                device_token = issue_device(conn, user.id, c.api.device_cookie_days)
+            response.set_cookie(
+                DEVICE_COOKIE, device_token, max_age=c.api.device_cookie_days * 86_400, path=DEVICE_COOKIE_PATH,
+                secure=c.api.cookie_secure, httponly=True, samesite="strict",
+            )
     response.headers["Cache-Control"] = "no-store"
     return out
 

@@ -1,17 +1,24 @@
-"""GET /healthz (no session, no secrets) and GET /metrics (Prometheus text, from the database)."""
+"""GET /healthz (no session, no secrets) and GET /metrics (Prometheus text, from the database).
+
+/metrics names every runner and worker and the archive's size, so it is not anonymous: a scraper sends
+``Authorization: Bearer <API_METRICS_TOKEN>`` (compared in constant time), or an ADMIN session reads it.
+"""
 from __future__ import annotations
 
+import hmac
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from scrinalia import __version__
 from scrinalia.api import views
 from scrinalia.api.context import ctx
-from scrinalia.api.errors import not_found
-from scrinalia.api.schemas import HealthOut
+from scrinalia.api.errors import forbidden, not_found, unauthenticated
+from scrinalia.api.schemas import ErrorOut, HealthOut
+from scrinalia.api.security import OPERATE_ROLE, Principal, bearer_scheme, optional_principal
 from scrinalia.db import migrate
 
 log = logging.getLogger("scrinalia.api.health")
@@ -44,11 +51,29 @@ router.add_api_route("/healthz", health, methods=["GET"], response_model=HealthO
                      responses={503: {"model": HealthOut}}, summary="Liveness and readiness: database and schema")
 
 
+def metrics_token_matches(expected: str | None, bearer: HTTPAuthorizationCredentials | None) -> bool:
+    if not expected or bearer is None:
+        return False
+    return hmac.compare_digest(bearer.credentials.encode(), expected.encode())
+
+
 @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics (text format 0.0.4)",
-            responses={200: {"content": {"text/plain": {}}}})
-def metrics(request: Request) -> Any:
+            responses={200: {"content": {"text/plain": {}}}, 401: {"model": ErrorOut}, 403: {"model": ErrorOut},
+                       404: {"model": ErrorOut}})
+def metrics(
+    request: Request,
+    bearer: HTTPAuthorizationCredentials | None = Depends(bearer_scheme),
+    principal: Principal | None = Depends(optional_principal),
+) -> Any:
+    """The scrape token of API_METRICS_TOKEN, or an ADMIN session."""
     c = ctx(request)
     if not c.api.metrics_enabled:
         raise not_found("metrics")
+    expected = c.api.metrics_token.get_secret_value() if c.api.metrics_token is not None else None
+    if not metrics_token_matches(expected, bearer):
+        if principal is None:
+            raise unauthenticated()
+        if principal.user.role != OPERATE_ROLE or principal.user.must_change_password:
+            raise forbidden("the metrics need the scrape token (API_METRICS_TOKEN) or an ADMIN session")
     return PlainTextResponse(views.metrics_text(c.engine, c.catalogue, c.counts),
                              media_type="text/plain; version=0.0.4; charset=utf-8")

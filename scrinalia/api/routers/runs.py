@@ -11,10 +11,13 @@ from fastapi.responses import JSONResponse
 from scrinalia.api import views
 from scrinalia.api.context import ctx
 from scrinalia.api.errors import ApiError, field_errors, not_found
-from scrinalia.api.schemas import SYSTEM_ERRORS, CancelOut, ErrorOut, RunDetailOut, RunPageOut, RunStatus, RunTrigger
+from scrinalia.api.schemas import (
+    SYSTEM_ERRORS, CancelOut, ErrorOut, RunConflictOut, RunDetailOut, RunOut, RunPageOut, RunStatus, RunTrigger,
+)
 from scrinalia.api.security import Principal, system_guard
 from scrinalia.domains.archive import ledger
-from scrinalia.domains.archive.errors import RunAlreadyFinished, RunNotFound
+from scrinalia.domains.archive.errors import InvalidRunRequest, RunAlreadyFinished, RunNotFound, WorkerRunAlreadyActive
+from scrinalia.domains.archive.workers.validation import validate_run_request
 
 log = logging.getLogger("scrinalia.api.runs")
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -34,7 +37,7 @@ def list_runs(
     c = ctx(request)
     before_id = None
     if cursor is not None:
-        if not cursor.isdigit():
+        if not (cursor.isascii() and cursor.isdigit()):  # "²".isdigit() is true, int("²") is not
             raise field_errors({"cursor": "is not a cursor of this list"})
         before_id = int(cursor)
     runs, next_cursor = views.list_runs(
@@ -72,3 +75,42 @@ def cancel_run(run_id: uuid.UUID, request: Request, principal: Principal = Depen
     cancelled = run.status == "CANCELLED"
     log.info("cancel of run %s: %s (user %s)", run_id, "done" if cancelled else "requested", principal.user.id)
     return JSONResponse({"run": views.run_json(run), "cancelled": cancelled}, status_code=200 if cancelled else 202)
+
+
+#: What an operator may retry: a run that failed or was interrupted. A SUCCESS is run again with Run, a
+#: CANCELLED one was stopped on purpose.
+RETRYABLE = ("FAILED", "INTERRUPTED")
+
+
+@router.post(
+    "/{run_id}/retry",
+    status_code=201,
+    response_model=RunOut,
+    responses={
+        **_ERR,
+        409: {"model": RunConflictOut,
+              "description": "The run is not FAILED or INTERRUPTED (run_not_retryable), or the worker's slot is "
+                             "taken (run_active, with active_run)"},
+    },
+    summary="Retry a failed or interrupted run (OPERATE): a new QUEUED row with retry_of, its request re-validated",
+)
+def retry_run(run_id: uuid.UUID, request: Request, principal: Principal = Depends(system_guard)) -> Any:
+    c = ctx(request)
+    run = ledger.get_run(c.engine, run_id)
+    if run is None:
+        raise not_found(f"run {run_id}")
+    if run.status not in RETRYABLE:
+        raise ApiError(409, "run_not_retryable", f"run {run_id} is {run.status}; only a FAILED or INTERRUPTED run "
+                       "is retried", run=views.run_json(run))
+    try:
+        clean = validate_run_request(c.catalogue, c.engine, run.worker_name, run.request or {})
+        retry = ledger.enqueue(c.engine, run.worker_name, clean, trigger="API", requested_by=principal.label,
+                               requested_by_user_id=principal.user.id, attempt=run.attempt + 1,
+                               retry_of=run.run_id)
+    except InvalidRunRequest as exc:
+        raise field_errors({exc.field: exc.message}) from None
+    except WorkerRunAlreadyActive as exc:
+        raise ApiError(409, "run_active", str(exc), active_run=views.run_json(exc.active)) from None
+    log.info("retry of run %s as %s (user %s)", run_id, retry.run_id, principal.user.id)
+    return JSONResponse(views.run_json(retry), status_code=201,
+                        headers={"Location": f"/api/v1/system/runs/{retry.run_id}"})

@@ -7,12 +7,12 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from scrinalia.api import catalogue_view
 from scrinalia.api.context import ctx
-from scrinalia.api.errors import field_errors, not_found
-from scrinalia.api.schemas import SYSTEM_ERRORS, ScheduleEnabledIn, ScheduleIn, ScheduleOut, SchedulesOut
+from scrinalia.api.errors import ApiError, field_errors, not_found
+from scrinalia.api.schemas import SYSTEM_ERRORS, ErrorOut, ScheduleEnabledIn, ScheduleIn, ScheduleOut, SchedulesOut
 from scrinalia.api.security import Principal, system_guard
 from scrinalia.domains.archive.errors import InvalidRunRequest
+from scrinalia.domains.archive.workers.sdk import UnknownWorker
 from scrinalia.scheduler import schedules
 
 log = logging.getLogger("scrinalia.api.schedules")
@@ -33,19 +33,21 @@ def list_schedules(request: Request) -> dict[str, Any]:
     return {"schedules": [_out(s) for s in schedules.list_schedules(ctx(request).engine)]}
 
 
-@router.post("", status_code=201, response_model=ScheduleOut, responses=_ERR,
-             summary="Add a schedule (OPERATE); its request is validated like a run's")
+@router.post("", status_code=201, response_model=ScheduleOut,
+             responses={**_ERR, 409: {"model": ErrorOut, "description": "The worker already has a schedule"}},
+             summary="Add a schedule (OPERATE); its request is validated like a run's; one per worker")
 def create_schedule(body: ScheduleIn, request: Request, principal: Principal = Depends(system_guard)) -> Any:
     c = ctx(request)
-    spec = c.catalogue.get(body.worker_name)
-    if spec is None:
-        raise not_found(f"worker {body.worker_name!r}")
     try:
-        clean = catalogue_view.validate_run_request(spec, c.engine, body.request.model_dump(exclude_unset=True))
+        schedule = schedules.create_schedule(
+            c.engine, body.worker_name, body.interval_seconds, body.request.model_dump(exclude_unset=True),
+            catalogue=c.catalogue, created_by=principal.label, first_delay_s=body.first_delay_seconds)
+    except UnknownWorker as exc:
+        raise field_errors({"worker_name": exc.message}) from None
     except InvalidRunRequest as exc:
         raise field_errors({f"request.{exc.field}": exc.message}) from None
-    schedule = schedules.create_schedule(c.engine, body.worker_name, body.interval_seconds, clean,
-                                         created_by=principal.label, first_delay_s=body.first_delay_seconds)
+    except schedules.ScheduleExists as exc:
+        raise ApiError(409, "schedule_exists", str(exc), schedule_id=exc.existing) from None
     log.info("schedule %s added for %s every %s s (user %s)", schedule.id, schedule.worker_name,
              schedule.interval_seconds, principal.user.id)
     return _out(schedule)
@@ -55,7 +57,7 @@ def create_schedule(body: ScheduleIn, request: Request, principal: Principal = D
               summary="Enable or disable a schedule (OPERATE)")
 def set_enabled(schedule_id: int, body: ScheduleEnabledIn, request: Request,
                 principal: Principal = Depends(system_guard)) -> Any:
-    schedule = schedules.set_enabled(ctx(request).engine, schedule_id, body.enabled)
+    schedule = schedules.set_enabled(ctx(request).engine, schedule_id, body.enabled, by=principal.label)
     if schedule is None:
         raise not_found(f"schedule {schedule_id}")
     return _out(schedule)

@@ -1,6 +1,7 @@
 """The ledger is the queue: every protocol step on ``archive_worker_runs`` as ONE SQL statement.
 
-Each function runs exactly one statement in its own transaction, takes every timestamp from the
+Each function runs exactly one statement in its own transaction (sent in autocommit through
+``one_statement``: one round trip, no BEGIN/COMMIT pair around it), takes every timestamp from the
 database's ``now()`` (the API host and the GPU host have different clocks), and carries the fence of
 DESIGN.md's protocol table:
 
@@ -29,6 +30,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.types import Text
 
+from scrinalia.db.engine import one_statement
 from scrinalia.db.tables import ERROR_MAX, EXIT_REASONS, RUN_TRIGGERS, TERMINAL_STATUSES, WORKER_NAME_MAX
 from scrinalia.domains.archive.errors import (
     InvalidRunRequest,
@@ -246,7 +248,7 @@ def claim_next(
     caps = list(capabilities)
     if not caps:
         return None
-    with engine.begin() as conn:
+    with one_statement(engine) as conn:
         row = conn.execute(
             _CLAIM_NEXT,
             {"runner_id": runner_id, "capabilities": caps, "lease_seconds": float(lease_seconds)},
@@ -295,7 +297,7 @@ def _insert_into_slot(engine: Engine, statement: Any, params: Mapping[str, Any])
     """Run an INSERT of an active row in its own committed transaction; the slot's unique index
     turns a second active row into ``WorkerRunAlreadyActive`` carrying the run that holds the slot."""
     try:
-        with engine.begin() as conn:
+        with one_statement(engine) as conn:
             row = conn.execute(statement, params).one()
     except IntegrityError as exc:
         if isinstance(exc.orig, UniqueViolation) and "uq_worker_run_active" in str(exc.orig):
@@ -333,7 +335,7 @@ def record_start(
 
     Returns False when the row is not this runner's RUNNING row any more (the run was lost).
     """
-    with engine.begin() as conn:
+    with one_statement(engine) as conn:
         result = conn.execute(
             _RECORD_START,
             {
@@ -355,7 +357,9 @@ _HEARTBEAT = text(
     WITH registry AS (
         UPDATE archive_worker_runners
            SET last_heartbeat_at = now(),
-               children = COALESCE(CAST(:children AS jsonb), children)
+               children = CASE WHEN CAST(:children AS jsonb) IS DISTINCT FROM children
+                                AND CAST(:children AS jsonb) IS NOT NULL
+                               THEN CAST(:children AS jsonb) ELSE children END
          WHERE runner_id = :runner_id
         RETURNING drain_requested_at
     ), runs AS (
@@ -388,8 +392,10 @@ def heartbeat(
 ) -> HeartbeatResult:
     """Renew the registry row and every RUNNING row of this runner in one statement.
 
-    ``progress`` maps run ids to their latest progress; ``children`` is the registry's snapshot.
-    The cost is one statement per tick whatever the concurrency.
+    ``progress`` maps run ids to their latest progress; ``children`` is the registry's snapshot (None:
+    unchanged). The cost is one statement per tick whatever the concurrency. An unchanged snapshot is
+    not rewritten: the row keeps its value (a TOASTed one keeps its chunks), and with no index on the
+    columns a beat changes the registry update is HOT (decision 0072).
     """
     params = {
         "runner_id": runner_id,
@@ -397,7 +403,7 @@ def heartbeat(
         "progress": _json({str(k): v for k, v in (progress or {}).items()}),
         "children": _json(children),
     }
-    with engine.begin() as conn:
+    with one_statement(engine) as conn:
         rows = conn.execute(_HEARTBEAT, params).all()
     first = rows[0]
     held = {row.run_id: row.cancel_requested_at for row in rows if row.run_id is not None}
@@ -450,7 +456,7 @@ def finish(
         raise ValueError(f"finish needs a terminal status, not {status!r}")
     if exit_reason is not None and exit_reason not in EXIT_REASONS:
         raise ValueError(f"unknown exit_reason {exit_reason!r}")
-    with engine.begin() as conn:
+    with one_statement(engine) as conn:
         row = conn.execute(
             _FINISH,
             {
@@ -488,7 +494,7 @@ _EXPIRE_LEASES = text(
 
 def expire_leases(engine: Engine) -> list[WorkerRun]:
     """Mark every RUNNING row whose lease has passed INTERRUPTED, whoever held it."""
-    with engine.begin() as conn:
+    with one_statement(engine) as conn:
         return [WorkerRun.from_row(r) for r in conn.execute(_EXPIRE_LEASES).all()]
 
 
@@ -516,7 +522,7 @@ def request_cancel(engine: Engine, run_id: uuid.UUID, requested_by: str | None =
     so a just-claimed run gets the flag instead of being closed under its runner.
     Raises ``RunNotFound`` or ``RunAlreadyFinished``.
     """
-    with engine.begin() as conn:
+    with one_statement(engine) as conn:
         row = conn.execute(_REQUEST_CANCEL, {"run_id": run_id, "requested_by": requested_by}).one_or_none()
     if row is not None:
         return WorkerRun.from_row(row)
@@ -554,13 +560,13 @@ _ACTIVE_AND_LAST = text(
 
 
 def get_run(engine: Engine, run_id: uuid.UUID) -> WorkerRun | None:
-    with engine.connect() as conn:
+    with one_statement(engine) as conn:
         row = conn.execute(_GET_RUN, {"run_id": run_id}).one_or_none()
     return WorkerRun.from_row(row) if row is not None else None
 
 
 def active_run(engine: Engine, worker_name: str) -> WorkerRun | None:
-    with engine.connect() as conn:
+    with one_statement(engine) as conn:
         row = conn.execute(_ACTIVE_RUN, {"worker_name": worker_name}).one_or_none()
     return WorkerRun.from_row(row) if row is not None else None
 
@@ -569,7 +575,7 @@ def active_and_last_runs(
     engine: Engine, worker_names: Iterable[str]
 ) -> dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]]:
     """For each worker: (active run, last terminal run) as JSON dicts, in one statement."""
-    with engine.connect() as conn:
+    with one_statement(engine) as conn:
         rows = conn.execute(_ACTIVE_AND_LAST, {"workers": list(worker_names)}).all()
     return {r.worker_name: (r.active, r.last) for r in rows}
 

@@ -16,6 +16,8 @@ from sqlalchemy import Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.types import Text
 
+from scrinalia.db.engine import one_statement
+
 
 @dataclass(frozen=True, slots=True)
 class RunnerRegistration:
@@ -117,28 +119,28 @@ _GET = text(f"SELECT {_COLUMNS}, {_STATE} FROM archive_worker_runners WHERE runn
 def register(engine: Engine, registration: RunnerRegistration) -> None:
     params = {f.name: getattr(registration, f.name) for f in fields(RunnerRegistration)}
     params["devices"] = json.dumps(registration.devices)
-    with engine.begin() as conn:
+    with one_statement(engine) as conn:
         conn.execute(_REGISTER, params)
 
 
 def stop(engine: Engine, runner_id: uuid.UUID) -> bool:
-    with engine.begin() as conn:
+    with one_statement(engine) as conn:
         return conn.execute(_STOP, {"runner_id": runner_id}).rowcount == 1
 
 
 def request_drain(engine: Engine, runner_id: uuid.UUID, requested_by: str | None = None) -> bool:
     """Ask a runner to drain; it learns it from its next heartbeat. False for an unknown/stopped one."""
-    with engine.begin() as conn:
+    with one_statement(engine) as conn:
         return conn.execute(_REQUEST_DRAIN, {"runner_id": runner_id, "requested_by": requested_by}).first() is not None
 
 
 def list_runners(engine: Engine, *, stopped_within_hours: int = 24, limit: int = 500) -> list[RunnerRow]:
-    with engine.connect() as conn:
+    with one_statement(engine) as conn:
         rows = conn.execute(_LIST, {"stopped_within_hours": stopped_within_hours, "limit": limit}).all()
     return [RunnerRow(**r._mapping) for r in rows]
 
 
 def get_runner(engine: Engine, runner_id: uuid.UUID) -> RunnerRow | None:
-    with engine.connect() as conn:
+    with one_statement(engine) as conn:
         row = conn.execute(_GET, {"runner_id": runner_id}).one_or_none()
     return RunnerRow(**row._mapping) if row is not None else None

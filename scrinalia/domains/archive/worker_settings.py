@@ -14,6 +14,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
+from scrinalia.db.engine import one_statement
+
 SETTING_KEYS = ("engine_name", "preset", "db_batch_size", "options", "engine_options")
 
 
@@ -39,7 +41,7 @@ _COLUMNS = "worker_name, engine_name, preset, db_batch_size, options, engine_opt
 def _settings_rows(engine_or_conn: Engine | Connection, where: str = "", **params: Any) -> list[Any]:
     stmt = text(f"SELECT {_COLUMNS} FROM archive_worker_settings {where}")
     if isinstance(engine_or_conn, Engine):
-        with engine_or_conn.connect() as conn:
+        with one_statement(engine_or_conn) as conn:
             return conn.execute(stmt, params).all()
     return engine_or_conn.execute(stmt, params).all()
 

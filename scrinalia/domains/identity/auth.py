@@ -1,17 +1,25 @@
-"""The login: credentials, the durable lockout whose window doubles, and the password change.
+"""The login: claim an attempt, check the password, answer alike for every e-mail; the password change.
 
-Lockout: ``threshold`` consecutive failures lock the account for ``base x 2^lockout_count`` seconds
-(capped), counted by ONE UPDATE so concurrent failures in several API processes count exactly. While an
-account is locked its password is not even checked. A successful login clears both counters.
+Order of a login (docs/security.md, "Login and lockout"):
+
+1. the attempt is claimed from its bucket (``lockout.claim``, one statement) BEFORE any password is
+   checked: the account's bucket, or the device's own when the browser holds a device cookie of this
+   account. A refused claim is ``AccountLocked`` at once, for a known and an unknown e-mail alike;
+2. the password is checked against the user's hash, or against a dummy hash of the same cost when no
+   user has the e-mail, so both take the same time and give the same answer;
+3. a success deletes the bucket; a failure leaves the claim counted (nothing more to write).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from argon2 import PasswordHasher
 from sqlalchemy import Engine, text
 
+from scrinalia.domains.identity import devices, lockout
 from scrinalia.domains.identity.errors import AccountLocked, InvalidCredentials, InvalidUserInput
+from scrinalia.domains.identity.lockout import Bucket, LockoutPolicy
 from scrinalia.domains.identity.passwords import (
     burn_verify_time,
     check_password_policy,
@@ -28,40 +36,19 @@ from scrinalia.domains.identity.users import (
     set_password,
 )
 
+__all__ = ["LockoutPolicy", "Login", "authenticate", "change_password"]
+
+log = logging.getLogger("scrinalia.identity.auth")
+
+_FIND_FOR_LOGIN = text(f"SELECT {USER_COLUMNS}, password_hash FROM auth_users WHERE lower(email) = :email")
+
+_RECORD_SUCCESS = text("UPDATE auth_users SET last_login_at = now(), updated_at = now() WHERE id = :id")
+
 
 @dataclass(frozen=True, slots=True)
-class LockoutPolicy:
-    threshold: int = 5
-    base_seconds: float = 60.0
-    max_seconds: float = 86_400.0
-
-
-_FIND_FOR_LOGIN = text(
-    f"""SELECT {USER_COLUMNS}, password_hash,
-               CASE WHEN locked_until > now() THEN extract(epoch FROM locked_until - now()) END AS locked_for
-          FROM auth_users WHERE lower(email) = :email"""
-)
-
-_RECORD_FAILURE = text(
-    """
-    UPDATE auth_users SET
-        failed_attempts = CASE WHEN failed_attempts + 1 >= :threshold THEN 0 ELSE failed_attempts + 1 END,
-        lockout_count   = CASE WHEN failed_attempts + 1 >= :threshold THEN lockout_count + 1 ELSE lockout_count END,
-        locked_until    = CASE WHEN failed_attempts + 1 >= :threshold
-                               THEN now() + make_interval(secs => LEAST(CAST(:max_s AS double precision),
-                                        :base_s * power(2, LEAST(lockout_count, 40))))
-                               ELSE locked_until END,
-        updated_at = now()
-     WHERE id = :id
-    RETURNING CASE WHEN locked_until > now() THEN extract(epoch FROM locked_until - now()) END AS locked_for
-    """
-)
-
-_RECORD_SUCCESS = text(
-    """UPDATE auth_users SET failed_attempts = 0, lockout_count = 0, locked_until = NULL,
-              last_login_at = now(), updated_at = now()
-        WHERE id = :id"""
-)
+class Login:
+    user: User
+    via_device: bool  # the attempt came through a device cookie of this user (its own bucket)
 
 
 def authenticate(
@@ -69,43 +56,46 @@ def authenticate(
     email: str,
     password: str,
     *,
+    device_token: str | None = None,
     policy: LockoutPolicy = LockoutPolicy(),
     hasher: PasswordHasher | None = None,
-) -> User:
+    pruner: lockout.Pruner | None = None,
+) -> Login:
     """The user for these credentials. Raises ``InvalidCredentials`` or ``AccountLocked``."""
     try:
         clean = normalize_email(email)
-    except InvalidUserInput:
-        burn_verify_time(password if isinstance(password, str) else "")
+    except InvalidUserInput:  # no account can have it: nothing to count, the same answer and time
+        burn_verify_time(password, hasher)
         raise InvalidCredentials() from None
+    device = devices.trusted_device(engine, device_token, clean)
+    bucket = Bucket.device(device) if device else Bucket.account(clean)
+    claim = lockout.claim(engine, bucket, policy)
+    if pruner is not None:
+        pruner.tick(engine, policy)
+    if not claim.granted:
+        raise AccountLocked(claim.locked_for or policy.base_seconds)
     with engine.connect() as conn:
         row = conn.execute(_FIND_FOR_LOGIN, {"email": clean}).one_or_none()
     if row is None:
-        burn_verify_time(password)
-        raise InvalidCredentials()
-    if row.locked_for is not None:
-        raise AccountLocked(float(row.locked_for))
-    ok = verify_password(row.password_hash, password, hasher)
-    if not row.is_active:
-        raise InvalidCredentials()
-    if not ok:
-        with engine.begin() as conn:
-            locked_for = conn.execute(
-                _RECORD_FAILURE,
-                {"id": row.id, "threshold": policy.threshold, "base_s": float(policy.base_seconds),
-                 "max_s": float(policy.max_seconds)},
-            ).scalar()
-        if locked_for is not None:
-            raise AccountLocked(float(locked_for))
+        burn_verify_time(password, hasher)
+        ok = False
+    else:
+        ok = verify_password(row.password_hash, password, hasher)
+    # The evidence that the lockout bounds the checks: one line per password checked, never the e-mail.
+    log.info("login: password checked (%s bucket)", bucket.scope)
+    if not ok or not row.is_active:
+        if claim.locked_for is not None:  # this claim reached the threshold: say so now
+            raise AccountLocked(claim.locked_for)
         raise InvalidCredentials()
     with engine.begin() as conn:
+        lockout.release(conn, bucket)
         conn.execute(_RECORD_SUCCESS, {"id": row.id})
         if needs_rehash(row.password_hash, hasher):
             conn.execute(
                 text("UPDATE auth_users SET password_hash = :h WHERE id = :id"),
                 {"h": hash_password(password, hasher), "id": row.id},
             )
-    return _user(row)
+    return Login(_user(row), via_device=device is not None)
 
 
 def change_password(

@@ -50,14 +50,23 @@ def needs_rehash(password_hash: str, hasher: PasswordHasher | None = None) -> bo
         return True
 
 
-@lru_cache(maxsize=1)
-def _dummy_hash() -> str:
-    return _shared_default().hash("scrinalia: equalise the time of an unknown email")
+def _profile(hasher: PasswordHasher) -> tuple:
+    return (hasher.time_cost, hasher.memory_cost, hasher.parallelism, hasher.hash_len, hasher.salt_len, hasher.type)
 
 
-def burn_verify_time(password: str) -> None:
-    """Spend what a real verification costs, so an unknown email is not told apart by timing."""
-    verify_password(_dummy_hash(), password)
+@lru_cache(maxsize=8)
+def _dummy_hash(profile: tuple) -> str:
+    time_cost, memory_cost, parallelism, hash_len, salt_len, kind = profile
+    hasher = PasswordHasher(time_cost=time_cost, memory_cost=memory_cost, parallelism=parallelism,
+                            hash_len=hash_len, salt_len=salt_len, type=kind)
+    return hasher.hash("scrinalia: equalise the time of an unknown email")
+
+
+def burn_verify_time(password: object, hasher: PasswordHasher | None = None) -> None:
+    """Spend what a real verification costs with the same profile, so an unknown email is not told
+    apart by timing."""
+    chosen = hasher or _shared_default()
+    verify_password(_dummy_hash(_profile(chosen)), password if isinstance(password, str) else "", chosen)
 
 
 def check_password_policy(password: object, *, min_length: int = 12, email: str | None = None,

@@ -5,21 +5,15 @@ The CSRF token is a second random value bound to the session: the panel reads it
 """
 from __future__ import annotations
 
-import hashlib
-import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Engine, text
 
-from scrinalia.domains.identity.users import USER_COLUMNS, User, _user
+from scrinalia.domains.identity.tokens import new_token, token_digest
+from scrinalia.domains.identity.users import User, _user, user_columns
 
-TOKEN_BYTES = 32
 TOUCH_EVERY_SECONDS = 60
-
-
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +40,8 @@ def create_session(
     client_address: str | None = None,
     user_agent: str | None = None,
 ) -> NewSession:
-    token = secrets.token_urlsafe(TOKEN_BYTES)
-    csrf = secrets.token_urlsafe(TOKEN_BYTES)
+    token = new_token()
+    csrf = new_token()
     with engine.begin() as conn:
         row = conn.execute(
             text(
@@ -80,7 +74,7 @@ _RESOLVE = text(
     f"""
     SELECT s.id AS session_id, s.csrf_token, s.expires_at,
            s.last_seen_at < now() - make_interval(secs => {TOUCH_EVERY_SECONDS}) AS stale_seen,
-           {", ".join("u." + c.strip() for c in USER_COLUMNS.split(","))}
+           {user_columns("u")}
       FROM auth_sessions s JOIN auth_users u ON u.id = s.user_id
      WHERE s.token_sha256 = :digest AND s.revoked_at IS NULL AND s.expires_at > now() AND u.is_active
     """

@@ -17,7 +17,9 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError
 
 from scrinalia.db.tables import USER_ROLES
+from scrinalia.domains.identity.devices import forget_devices
 from scrinalia.domains.identity.errors import InvalidUserInput, UserExists, UserNotFound
+from scrinalia.domains.identity.lockout import clear_account
 from scrinalia.domains.identity.passwords import check_password_policy, hash_password
 
 EMAIL_MAX = 254
@@ -31,9 +33,7 @@ class User:
     role: str
     is_active: bool
     must_change_password: bool
-    failed_attempts: int
-    lockout_count: int
-    locked_until: datetime | None
+    locked_until: datetime | None  # the account's lock for clients without a device cookie (lockout)
     last_login_at: datetime | None
     created_at: datetime
 
@@ -45,7 +45,20 @@ class User:
         return out
 
 
-USER_COLUMNS = ", ".join(f.name for f in fields(User))
+def user_columns(table: str = "auth_users") -> str:
+    """The select list of a ``User`` from ``table`` (a name or an alias of auth_users). ``locked_until``
+    is the account bucket's lock (``lockout.Bucket.account``: the SHA-256 of the lower-cased e-mail),
+    one primary-key probe."""
+    plain = [f.name for f in fields(User) if f.name != "locked_until"]
+    lock = (
+        "(SELECT t.locked_until FROM auth_login_throttle t WHERE t.scope = 'account' "
+        f"AND t.key_sha256 = encode(sha256(convert_to(lower({table}.email), 'UTF8')), 'hex') "
+        "AND t.locked_until > now()) AS locked_until"
+    )
+    return ", ".join([f"{table}.{name}" for name in plain] + [lock])
+
+
+USER_COLUMNS = user_columns()
 
 
 def _user(row: Any) -> User:
@@ -157,18 +170,19 @@ def reset_password(
     min_length: int = 12,
     hasher: PasswordHasher | None = None,
 ) -> User:
-    """An administrator's reset: new hash, lockout cleared, every session revoked."""
+    """An administrator's reset: new hash, the account's lock lifted, every session and device forgotten."""
     check_password_policy(new_password, min_length=min_length, email=email)
     password_hash = hash_password(new_password, hasher)
     with engine.begin() as conn:
         user = _update_one(
             conn,
             email,
-            "password_hash = :hash, must_change_password = :must, failed_attempts = 0, "
-            "lockout_count = 0, locked_until = NULL",
+            "password_hash = :hash, must_change_password = :must",
             {"hash": password_hash, "must": must_change_password},
         )
         _revoke_sessions(conn, user.id)
+        clear_account(conn, user.email)
+        forget_devices(conn, user.id)
     return user
 
 

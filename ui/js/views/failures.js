@@ -17,7 +17,7 @@ export function mount(main, route, ctx) {
   main.append(
     h('div.page-head',
       h('div', h('h1', 'Failures'), h('p', 'Errors grouped by fingerprint: the same cause, whatever its numbers, paths and ids.')),
-      h('div', { style: 'min-width: 12rem' }, daysField.el)),
+      h('div.period', daysField.el)),
     status,
     h('div.table-wrap', h('table.stack',
       h('caption.visually-hidden', 'Error groups'),

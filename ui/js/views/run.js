@@ -3,7 +3,7 @@
 import { h, replace, announce, dl } from '../dom.js';
 import * as api from '../api.js';
 import { timeEl, absolute, duration, bytes, number, shortId, json, parseTime } from '../format.js';
-import { statusBadge, progressOf, etaText, activityOf, ACTIVE, queuedReasonText } from '../model.js';
+import { statusBadge, progressOf, etaText, activityOf, ACTIVE, queuedReasonText, items } from '../model.js';
 
 const SIGNALS = { 1: 'SIGHUP', 2: 'SIGINT', 4: 'SIGILL', 6: 'SIGABRT', 7: 'SIGBUS', 8: 'SIGFPE', 9: 'SIGKILL', 11: 'SIGSEGV', 13: 'SIGPIPE', 15: 'SIGTERM' };
 const REASONS = {
@@ -15,14 +15,22 @@ const REASONS = {
   'runner-stopped': 'the runner stopped (drain deadline passed)',
   cancelled: 'cancelled at a batch boundary',
   'cancel-forced': 'cancelled by force after the grace period',
+  configuration: 'the configuration cannot run here (a setting, a model directory); not retried by the scheduler',
+  'cuda-error': 'a CUDA error (device-side assert, illegal memory access, ...) killed the run',
+  'cuda-oom': 'CUDA ran out of GPU memory (not the host’s OOM killer)',
 };
+
+/** What an operator may retry (the API's RETRYABLE). */
+const RETRYABLE = ['FAILED', 'INTERRUPTED'];
 
 export function mount(main, route, ctx) {
   const runId = route.args[0];
   const body = h('div');
   main.append(body);
   let confirming = false;
+  let retryError = null;
   const chainCache = new Map();
+  let schedules = null; // id -> schedule, read once: a run names its schedule, not a bare number
 
   async function refresh() {
     let data;
@@ -37,6 +45,11 @@ export function mount(main, route, ctx) {
     }
     const run = data?.run && typeof data.run === 'object' ? { ...data.run, ...data } : data;
     const chain = await attempts(run, data);
+    if (run.schedule_id !== null && run.schedule_id !== undefined && schedules === null) {
+      try {
+        schedules = new Map(items(await api.get('/system/schedules'), 'schedules').map((sc) => [sc.id, sc]));
+      } catch { schedules = new Map(); }
+    }
     if (run.status === 'QUEUED' && !run.queued_reason) {
       // The reason lives with the worker (runners, slot, backoff): ask for that one worker.
       try {
@@ -78,9 +91,13 @@ export function mount(main, route, ctx) {
         h('p', statusBadge(run.status), ' ', h('span.mono.small', run.run_id))),
       h('div.actions',
         active && ctx.canOperate() && !run.cancel_requested_at ? cancelButtons(run) : null,
+        RETRYABLE.includes(run.status) && ctx.canOperate()
+          ? h('button', { type: 'button', onclick: () => doRetry(run), title: 'A new run with the same request (retry_of this one)' }, 'Retry')
+          : null,
         h('a', { href: `#/runs?worker=${encodeURIComponent(run.worker_name)}` }, `All ${run.worker_name} runs`),
         run.error_fingerprint ? h('a', { href: `#/runs?fingerprint=${encodeURIComponent(run.error_fingerprint)}` }, 'Runs with this error') : null)));
 
+    if (retryError) sections.push(h('div.notice.bad', { role: 'alert' }, retryError));
     if (run.status === 'RUNNING') {
       const label = p.total ? `${number(p.done)} of ${number(p.total)} ${p.unit}s` : `${number(p.done)} ${p.unit}s`;
       const pct = p.fraction === null ? null : Math.round(p.fraction * 100);
@@ -91,8 +108,8 @@ export function mount(main, route, ctx) {
           class: pct === null ? 'indeterminate' : '', role: 'progressbar', 'aria-labelledby': 'prog-h',
           'aria-valuemin': '0', 'aria-valuemax': p.total ? String(p.total) : false,
           'aria-valuenow': p.total ? String(p.done) : false, 'aria-valuetext': label,
-        }, h('span', { style: `width: ${pct ?? 0}%` })),
-        h('p.small', label, pct !== null ? ` (${pct}%)` : '', eta ? ` · ${eta}` : '')));
+        }, h('span', { style: { width: `${pct ?? 0}%` } })),
+        h('p.small', label, pct !== null ? ` (${pct}%)` : '', eta ? h('span.eta', ` · ${eta}`) : '')));
     }
     if (run.cancel_requested_at && active) {
       sections.push(h('p.notice.warn', `Cancellation requested ${run.cancel_requested_by ? `by ${run.cancel_requested_by} ` : ''}`, timeEl(run.cancel_requested_at), ': it stops at the next batch boundary.'));
@@ -113,8 +130,11 @@ export function mount(main, route, ctx) {
         ['Requested by', run.requested_by],
         ['Attempt', run.attempt ?? 1],
         ['Retry of', run.retry_of ? h('a.mono', { href: `#/runs/${run.retry_of}` }, shortId(run.retry_of)) : null],
-        ['Schedule', run.schedule_id ?? null],
-        ['Runner', run.runner_id ? h('a.mono', { href: `#/runners` }, run.runner?.name || run.runner_name || shortId(run.runner_id)) : null],
+        ['Schedule', scheduleText(run.schedule_id)],
+        ['Runner', run.runner_id
+          ? h('span', h('a', { href: `#/runners?runner=${encodeURIComponent(run.runner_id)}` }, run.runner?.name || shortId(run.runner_id)),
+            run.runner ? h('span.muted', ` · ${run.runner.hostname} · ${run.runner.state}`) : null)
+          : null],
       ])),
       h('section.card', { 'aria-labelledby': 'time-h' }, h('h2#time-h', 'Timings'), dl([
         ['Queued', stamp(run.queued_at)],
@@ -170,6 +190,28 @@ export function mount(main, route, ctx) {
         h('button.secondary', { type: 'button', onclick: () => { confirming = false; ctx.poke(); } }, 'No'));
     }
     return h('button.danger', { type: 'button', onclick: () => { confirming = true; ctx.poke(); } }, 'Cancel');
+  }
+
+  function scheduleText(id) {
+    if (id === null || id === undefined) return null;
+    const sc = schedules?.get(id);
+    const label = sc ? `${sc.worker_name} every ${duration(sc.interval_seconds * 1000)}${sc.enabled ? '' : ' (disabled)'}` : `schedule ${id} (removed)`;
+    return h('a', { href: `#/schedules?schedule=${id}` }, label);
+  }
+
+  async function doRetry(run) {
+    retryError = null;
+    try {
+      const retry = await api.post(`/system/runs/${run.run_id}/retry`, {});
+      announce(`Retry queued as run ${shortId(retry.run_id)}.`);
+      ctx.navigate(`runs/${retry.run_id}`);
+    } catch (err) {
+      const active = err.body?.active_run;
+      const fields = Object.entries(err.fields || {}).map(([k, v]) => `${k}: ${v}`).join('; ');
+      retryError = `Could not retry: ${fields || err.message}${active ? ` (active run ${shortId(active.run_id)}, ${active.status})` : ''}`;
+      announce(retryError);
+      ctx.poke();
+    }
   }
 
   async function doCancel(run) {

@@ -1,17 +1,23 @@
-// Runners: online, stale or stopped, with capabilities, version, devices and children, and Drain.
+// Runners: online and stale ones as cards, with capabilities, version, devices and children, and
+// Drain; the stopped ones folded away under one line. ``?runner=ID`` (a run's Runner link) shows that
+// runner, unfolding it when it has stopped.
 import { h, replace, announce, dl } from '../dom.js';
 import * as api from '../api.js';
 import { timeEl, duration, bytes, number, shortId, parseTime } from '../format.js';
 import { items } from '../model.js';
 import { serverNow } from '../api.js';
 
-export function mount(main, _route, ctx) {
+export function mount(main, route, ctx) {
+  const wanted = route.params?.runner || null;
+  let stoppedOpen = false;
   const list = h('div.grid.wide', { role: 'list', 'aria-label': 'Runners' });
   const summary = h('p');
   const errorBox = h('div');
   main.append(h('div.page-head', h('div', h('h1', 'Runners'), summary)), errorBox, list);
   const confirming = new Set();
   let last = [];
+  let foldEl = null;
+  let scrolled = false;
 
   async function refresh() {
     const data = await api.get('/system/runners');
@@ -24,7 +30,25 @@ export function mount(main, _route, ctx) {
   function render() {
     const by = (s) => last.filter((r) => (r.state || 'online') === s).length;
     summary.textContent = `${by('online')} online · ${by('stale')} stale · ${by('stopped')} stopped recently`;
-    replace(list, last.length ? last.map(card) : h('p.card.empty', 'No runner has registered yet. Start one with `scrinalia-runner daemon`.'));
+    const live = last.filter((r) => r.state !== 'stopped');
+    const stopped = last.filter((r) => r.state === 'stopped');
+    if (wanted && stopped.some((r) => r.runner_id === wanted)) stoppedOpen = true;
+    const fold = stopped.length ? h('details.stopped-runners', {
+      open: stoppedOpen,
+      ontoggle: (ev) => { stoppedOpen = ev.target.open; },
+    }, h('summary', `${stopped.length} stopped in the last 24 h`), h('div.grid.wide', { role: 'list', 'aria-label': 'Stopped runners' }, stopped.map(card))) : null;
+    replace(list, live.length ? live.map(card) : h('p.card.empty', last.length ? 'No runner is online.' : 'No runner has registered yet. Start one with `scrinalia-runner daemon`.'));
+    if (foldEl) foldEl.remove();
+    if (fold) list.after(fold);
+    foldEl = fold;
+    if (wanted) {
+      const target = main.querySelector(`article[data-runner-id="${CSS.escape(wanted)}"]`);
+      if (target) {
+        target.classList.add('highlight');
+        target.setAttribute('aria-current', 'true');
+        if (!scrolled) { target.scrollIntoView({ block: 'center' }); scrolled = true; }
+      }
+    }
   }
 
   function card(r) {
@@ -33,7 +57,7 @@ export function mount(main, _route, ctx) {
     const children = r.children || [];
     const devices = r.devices || [];
     const mismatch = r.schema_mismatch ?? r.schema_behind ?? r.version_mismatch ?? false;
-    return h('article.card.runner', { class: `state-${state}`, role: 'listitem', 'aria-labelledby': titleId, dataset: { runner: r.name, state } },
+    return h('article.card.runner', { class: `state-${state}`, role: 'listitem', 'aria-labelledby': titleId, dataset: { runner: r.name, runnerId: r.runner_id, state } },
       h('div.worker-head',
         h('div', h('h2', { id: titleId }, r.name), h('div.name', `${r.hostname || ''} · pid ${r.pid ?? '—'} · ${shortId(r.runner_id)}`)),
         h('span.badge', { class: state }, state)),
@@ -50,7 +74,7 @@ export function mount(main, _route, ctx) {
         ['Timings', `heartbeat ${r.heartbeat_seconds ?? '?'} s · lease ${r.lease_seconds ?? '?'} s${r.poll_seconds ? ` · poll ${r.poll_seconds} s` : ''}`],
         ['Started', timeEl(r.started_at)],
         [state === 'stopped' ? 'Stopped' : 'Last heartbeat', timeEl(state === 'stopped' ? r.stopped_at : r.last_heartbeat_at)],
-        ['Devices', devices.length ? devices.map(device) : h('span.muted', 'no GPU')],
+        ['Devices', devices.length ? devices.map((d) => device(d, children)) : h('span.muted', 'no GPU')],
       ]),
       h('section', { 'aria-label': `Children of ${r.name}` },
         h('h3', `Children (${children.length})`),
@@ -58,14 +82,28 @@ export function mount(main, _route, ctx) {
       ctx.canOperate() && state !== 'stopped' && !r.drain_requested_at ? drainControl(r) : null);
   }
 
-  function device(d) {
+  function device(d, children) {
     const mem = d.memory_total_bytes ?? d.memory_total ?? d.total_memory ?? null;
-    return h('div.small', `${d.index ?? ''}${d.index !== undefined ? ': ' : ''}${d.name || 'GPU'}${mem ? ` · ${bytes(mem)}` : ''}${d.uuid ? ` · ${String(d.uuid).slice(0, 12)}` : ''}`);
+    const used = d.slots ? children.filter((c) => sameDevice(c.device, d)).length : null;
+    return h('div.small.device', { dataset: { device: d.uuid || String(d.index ?? '') } },
+      `${d.index ?? ''}${d.index !== undefined && d.index !== null ? ': ' : ''}${d.name || 'GPU'}${mem ? ` · ${bytes(mem)}` : ''}${d.uuid ? ` · ${String(d.uuid).slice(0, 12)}` : ''}`,
+      used !== null ? ` · ${used} of ${d.slots} slot${d.slots === 1 ? '' : 's'} busy` : '');
+  }
+
+  function sameDevice(a, b) {
+    if (!a || !b) return false;
+    return a.uuid && b.uuid ? a.uuid === b.uuid : a.index === b.index;
+  }
+
+  function deviceText(d) {
+    if (!d) return 'no GPU';
+    const id = d.index ?? d.uuid ?? '?';
+    return d.name ? `${id}: ${d.name}` : `GPU ${id}`;
   }
 
   function childrenTable(children) {
     return h('div.table-wrap', h('table.stack',
-      h('thead', h('tr', ['PID', 'Run', 'Worker', 'Progress', 'RSS', 'GPU', 'Elapsed'].map((c) => h('th', { scope: 'col' }, c)))),
+      h('thead', h('tr', ['PID', 'Run', 'Worker', 'Device', 'Progress', 'RSS', 'GPU', 'Elapsed'].map((c) => h('th', { scope: 'col' }, c)))),
       h('tbody', children.map((c) => {
         const p = c.progress || {};
         const prog = p.total ? `${number(p.done ?? 0)}/${number(p.total)}` : p.done !== undefined ? number(p.done) : '—';
@@ -76,6 +114,7 @@ export function mount(main, _route, ctx) {
           h('td.num', { 'data-label': 'PID' }, c.pid ?? '—'),
           h('td', { 'data-label': 'Run' }, runId ? h('a.mono', { href: `#/runs/${runId}` }, shortId(runId)) : '—'),
           h('td', { 'data-label': 'Worker' }, c.worker || c.worker_name || '—'),
+          h('td', { 'data-label': 'Device', class: 'device' }, deviceText(c.device)),
           h('td', { 'data-label': 'Progress' }, prog),
           h('td.num', { 'data-label': 'RSS' }, bytes(c.rss_bytes ?? c.rss)),
           h('td.num', { 'data-label': 'GPU' }, c.gpu_memory_bytes ?? c.gpu_memory ? bytes(c.gpu_memory_bytes ?? c.gpu_memory) : '—'),

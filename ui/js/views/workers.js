@@ -6,10 +6,11 @@
 import { h, replace, announce, dl } from '../dom.js';
 import * as api from '../api.js';
 import { field, showErrors } from '../forms.js';
+import { optionFields, readOptions } from '../options.js';
 import { timeEl, duration, number, shortId } from '../format.js';
 import {
   items, normaliseWorker, workerState, STATE_LABEL, statusBadge, progressOf, etaText,
-  queuedReasonText, activityOf,
+  queuedReasonText, activityOf, setupLabel,
 } from '../model.js';
 
 const BATCH_MIN = 1;
@@ -66,7 +67,8 @@ export function mount(main, _route, ctx) {
     const el = h('article.card.worker', { role: 'listitem', 'aria-labelledby': titleId, dataset: { worker: w.name } },
       h('div.worker-head',
         h('div', h('h2', { id: titleId }, w.label), h('div.name', w.name)),
-        badge),
+        h('div.worker-head-side', badge,
+          h('a.small', { href: settingsHref(w.name), 'aria-label': `Settings of ${w.label}` }, 'Settings'))),
       w.description ? h('p.desc', w.description) : null,
       status,
       form);
@@ -87,7 +89,11 @@ export function mount(main, _route, ctx) {
       submit.disabled = Boolean(w.active);
       submit.title = w.active ? 'A run is active: wait for it to end, or cancel it' : '';
     }
+    card.el.dataset.needs = w.setupError ? setupLabel(w.setupError) : '';
     replace(card.status,
+      w.setupError ? h('div.notice.warn.small.needs-setup', { role: 'note' },
+        h('strong', `${w.label} ${setupLabel(w.setupError)}: `), w.setupError.message || w.setupError.field, ' ',
+        h('a', { href: settingsHref(w.name) }, 'Open its settings')) : null,
       w.active ? activeBlock(w) : null,
       h('div.counts', { 'aria-label': 'Counts' },
         count(w.pending, `pending ${w.unit}s`, 'pending'),
@@ -142,9 +148,9 @@ export function mount(main, _route, ctx) {
         'aria-valuemax': p.total ? String(p.total) : false,
         'aria-valuenow': p.total ? String(p.done) : false,
         'aria-valuetext': label,
-      }, h('span', { style: `width: ${pct ?? 0}%` })));
+      }, h('span', { style: { width: `${pct ?? 0}%` } })));
       const eta = etaText(run);
-      parts.push(h('div.small.progress-text', label, pct !== null ? ` (${pct}%)` : '', eta ? ` · ${eta}` : ''));
+      parts.push(h('div.small.progress-text', label, pct !== null ? ` (${pct}%)` : '', eta ? h('span.eta', ` · ${eta}`) : ''));
     }
     if (run.cancel_requested_at) {
       parts.push(h('div.notice.warn.small', 'Cancellation requested: it stops at the next batch boundary.'));
@@ -221,29 +227,22 @@ export function mount(main, _route, ctx) {
       hint: `${BATCH_MIN}–${BATCH_MAX}`,
       control: h('input', { type: 'number', inputmode: 'numeric', min: BATCH_MIN, max: BATCH_MAX, step: 1, placeholder: w.batchSize ?? '' }),
     });
-    const optionFields = [];
-    for (const o of w.options) {
-      let control;
-      if (o.type === 'bool' || o.type === 'boolean') {
-        control = h('select', h('option', { value: '' }, `Default (${o.default === null ? 'none' : String(o.default)})`),
-          h('option', { value: 'true' }, 'true'), h('option', { value: 'false' }, 'false'));
-      } else if (o.choices) {
-        control = h('select', h('option', { value: '' }, `Default (${o.default ?? 'none'})`),
-          o.choices.map((c) => h('option', { value: String(c) }, String(c))));
-      } else if (['int', 'integer', 'float', 'number'].includes(o.type)) {
-        control = h('input', {
-          type: 'number', step: o.type.startsWith('int') ? 1 : 'any', min: o.min ?? false, max: o.max ?? false,
-          placeholder: o.default ?? '', inputmode: o.type.startsWith('int') ? 'numeric' : 'decimal',
-        });
-      } else {
-        const def = o.default === null || o.default === undefined ? '' : typeof o.default === 'object' ? JSON.stringify(o.default) : String(o.default);
-        control = h('input', { type: 'text', placeholder: def, spellcheck: 'false' });
-      }
-      const hintBits = [o.description, o.type, o.min !== null || o.max !== null ? `${o.min ?? '…'}–${o.max ?? '…'}` : null].filter(Boolean);
-      const f = field({ label: o.name, name: `options.${o.name}`, hint: hintBits.join(' · '), control });
-      fields[`options.${o.name}`] = f;
-      optionFields.push({ spec: o, f });
-    }
+    const workerOptions = optionFields(w.options, 'options');
+    for (const o of workerOptions) fields[o.f.name] = o.f;
+    // The engine's options follow the engine chosen (or the effective one): rebuilt on a change.
+    const engineBox = h('div.form-grid');
+    const engineSet = h('fieldset', h('legend', 'Engine options'), engineBox);
+    let engineOptions = [];
+    const fillEngineOptions = () => {
+      for (const o of engineOptions) delete fields[o.f.name];
+      const spec = w.engines.find((e) => e.name === (engineSel.value || w.engine || w.raw.default_engine));
+      engineOptions = optionFields(spec ? spec.options : [], 'engine_options');
+      for (const o of engineOptions) fields[o.f.name] = o.f;
+      replace(engineBox, engineOptions.map(({ f }) => f.el));
+      engineSet.hidden = !engineOptions.length;
+    };
+    fillEngineOptions();
+    engineSel.addEventListener('change', fillEngineOptions);
 
     const submit = h('button', { type: 'submit' }, 'Run');
 
@@ -258,33 +257,11 @@ export function mount(main, _route, ctx) {
         if (!Number.isInteger(n) || n < BATCH_MIN || n > BATCH_MAX) errors.db_batch_size = `Enter a whole number from ${BATCH_MIN} to ${BATCH_MAX}.`;
         else body.db_batch_size = n;
       }
-      const options = {};
-      for (const { spec, f } of optionFields) {
-        const raw = f.input.value.trim();
-        if (raw === '') {
-          if (spec.required) errors[`options.${spec.name}`] = 'Required.';
-          continue;
-        }
-        const key = `options.${spec.name}`;
-        if (spec.type === 'bool' || spec.type === 'boolean') options[spec.name] = raw === 'true';
-        else if (spec.choices) options[spec.name] = spec.choices.find((c) => String(c) === raw) ?? raw;
-        else if (['int', 'integer', 'float', 'number'].includes(spec.type)) {
-          const n = Number(raw);
-          if (!Number.isFinite(n)) errors[key] = 'Enter a number.';
-          else if (spec.type.startsWith('int') && !Number.isInteger(n)) errors[key] = 'Enter a whole number.';
-          else if (spec.min !== null && n < spec.min) errors[key] = `At least ${spec.min}.`;
-          else if (spec.max !== null && n > spec.max) errors[key] = `At most ${spec.max}.`;
-          else options[spec.name] = n;
-        } else if (spec.type === 'list' || spec.type === 'dict') {
-          try {
-            const v = JSON.parse(raw);
-            if (spec.type === 'list' ? !Array.isArray(v) : (typeof v !== 'object' || v === null || Array.isArray(v))) throw new Error();
-            options[spec.name] = v;
-          } catch {
-            errors[key] = spec.type === 'list' ? 'Enter a JSON list, e.g. ["a", "b"].' : 'Enter a JSON object, e.g. {"k": 1}.';
-          }
-        } else options[spec.name] = raw;
-      }
+      const opts = readOptions(workerOptions, 'options');
+      const engineOpts = readOptions(engineOptions, 'engine_options');
+      Object.assign(errors, opts.errors, engineOpts.errors);
+      const options = opts.values;
+      if (Object.keys(engineOpts.values).length) body.engine_options = engineOpts.values;
       if (Object.keys(options).length) body.options = options;
       return { body, errors };
     }
@@ -306,6 +283,7 @@ export function mount(main, _route, ctx) {
           formError.textContent = `${w.label} already has an active run${active?.run_id ? ` (${shortId(active.run_id)}, ${active.status})` : ''}.`;
         } else {
           showErrors(fields, err, formError, { engine: 'engine_name', batch_size: 'db_batch_size', db_batch_size: 'db_batch_size' });
+          if (Object.keys(err.fields || {}).length) advanced.open = true; // show the field that was refused
         }
       } finally {
         submit.disabled = false;
@@ -315,11 +293,16 @@ export function mount(main, _route, ctx) {
 
     const advanced = h('details.run-options',
       h('summary', 'Options'),
-      h('div.form-grid', Object.entries(fields).filter(([k]) => !k.startsWith('options.')).map(([, f]) => f.el)),
-      optionFields.length ? h('fieldset', h('legend', 'Worker options'), h('div.form-grid', optionFields.map(({ f }) => f.el))) : null);
+      h('div.form-grid', ['engine_name', 'preset', 'db_batch_size'].filter((k) => fields[k]).map((k) => fields[k].el)),
+      workerOptions.length ? h('fieldset', h('legend', 'Worker options'), h('div.form-grid', workerOptions.map(({ f }) => f.el))) : null,
+      engineSet);
     return h('form.run-form', { onsubmit: onSubmit, novalidate: true, 'aria-label': `Run ${w.label}` },
       advanced, formError, h('div.actions', submit, h('span.small.muted', 'Empty fields use the effective settings.')));
   }
 
   return { title: 'Workers', refresh };
+}
+
+function settingsHref(name) {
+  return `#/workers/${encodeURIComponent(name)}/settings`;
 }

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
+from scrinalia.domains.archive.workers.cuda import is_sticky_cuda_error
 from scrinalia.domains.archive.workers.sdk import RunContext
 from scrinalia.domains.archive.workers.stamps import ERROR, StampQueue, error_text
 
@@ -60,13 +61,18 @@ class SystematicFailure(RuntimeError):
 
 def per_unit(items: Sequence[T], batch_fn: Callable[[list[T]], list[R]]) -> list[tuple[R | None, str | None]]:
     """Run ``batch_fn`` on the batch; if it raises, retry unit by unit so one bad unit is stamped ERROR
-    and the others DONE. Raises ``SystematicFailure`` when every unit of a multi-unit batch fails."""
+    and the others DONE. Raises ``SystematicFailure`` when every unit of a multi-unit batch fails.
+
+    A sticky CUDA error (a device-side assert, an illegal memory access: the process's CUDA context is
+    lost) is raised as it is: it is the process's failure, never a document's, and the runner names it."""
     try:
         results = batch_fn(list(items))
         if len(results) != len(items):
             raise RuntimeError(f"engine returned {len(results)} results for {len(items)} inputs")
         return [(r, None) for r in results]
     except Exception as batch_exc:  # noqa: BLE001 - retried unit by unit below
+        if is_sticky_cuda_error(batch_exc):
+            raise
         out: list[tuple[R | None, str | None]] = []
         for item in items:
             try:

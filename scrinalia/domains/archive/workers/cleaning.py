@@ -147,5 +147,6 @@ SPEC = WorkerSpec(
     engine_source="none",
     stamp_key=QUEUE.key,
     default_batch_size=100,
+    gpu=False,  # regular expressions: no device slot on a GPU host
     queue=QUEUE,
 )

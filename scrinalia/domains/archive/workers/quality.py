@@ -45,6 +45,9 @@ NLI_CHECK = nli_engine(
     "the LLM_CHECK rule's prompt as an NLI hypothesis over the document's field (local NLI model)",
     {"threshold": OptionSpec("float", 0.5, "entailment probability from which a document is flagged",
                              minimum=0.0, maximum=1.0)},
+    required_hint="engine_options.model must name a local NLI model directory on the runner's host: set it in the "
+                  "active LLM_CHECK cleaning rule's engine_options (docs/workers.md, \"Models\"), or deactivate "
+                  "the rule to run the rule-based checks only",
 )
 
 DEFAULT_TEMPLATES = [

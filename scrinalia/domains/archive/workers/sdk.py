@@ -87,6 +87,16 @@ class RefusedOption(WorkerConfigError):
     pass
 
 
+class MissingOption(WorkerConfigError):
+    """A required option (``OptionSpec.required``: a model directory, say) has no value in any layer."""
+
+
+class EngineUnavailable(WorkerConfigError):
+    """The engine cannot be loaded as configured (no model directory where the options point).
+
+    Raised by an engine's ``load`` in the child: a configuration failure, never retried."""
+
+
 # --- the channel to the supervisor ------------------------------------------------------------------
 
 
@@ -136,6 +146,10 @@ class OptionSpec:
     minimum: float | None = None
     maximum: float | None = None
     nullable: bool = False
+    #: No layer (request, settings, default) gave a value: the run is refused where it is asked for,
+    #: with ``required_hint`` (what to set, and where) instead of failing once claimed.
+    required: bool = False
+    required_hint: str = ""
 
     def __post_init__(self) -> None:
         if self.type not in _TYPES:
@@ -181,6 +195,8 @@ class OptionSpec:
             out["minimum"] = self.minimum
         if self.maximum is not None:
             out["maximum"] = self.maximum
+        if self.required:
+            out["required"] = True
         return out
 
 
@@ -210,6 +226,7 @@ class Preset:
     name: str
     description: str
     engine_options: Mapping[str, Any]
+    gpu_memory_bytes: int | None = None  # GPU memory a run with this preset may need (memory-aware claims)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,13 +246,22 @@ class EngineSpec:
     presets: Mapping[str, Preset] = field(default_factory=dict)
     default_preset: str | None = None
     accepts_extra_options: bool = False
+    gpu_memory_bytes: int | None = None  # GPU memory a run of this engine may need (memory-aware claims)
+
+    def gpu_memory_needed(self) -> int | None:
+        """The largest GPU memory this engine or one of its presets declares; None: nothing declared."""
+        declared = [m for m in (self.gpu_memory_bytes, *(p.gpu_memory_bytes for p in self.presets.values()))
+                    if m is not None]
+        return max(declared) if declared else None
 
     def signature(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "description": self.description,
             "default_preset": self.default_preset,
-            "presets": {p.name: {"description": p.description, "engine_options": dict(p.engine_options)}
+            "gpu_memory_bytes": self.gpu_memory_needed(),
+            "presets": {p.name: {"description": p.description, "engine_options": dict(p.engine_options),
+                                 "gpu_memory_bytes": p.gpu_memory_bytes}
                         for p in self.presets.values()},
             "options": {k: o.describe() for k, o in self.options.items()},
             "accepts_extra_options": self.accepts_extra_options,
@@ -342,7 +368,12 @@ class WorkerSpec:
     * ``options``: the worker's option signature (name -> OptionSpec);
     * ``pending``: the SQL condition of a pending unit (``archive.stamps.StampQueue``), the same for the
       execution and for ``pending_count``;
-    * ``requires``: what it needs to run, e.g. ``("gpu",)``; informative for the panel and the runner.
+    * ``requires``: what it needs to run, e.g. ``("torch",)``; informative for the panel;
+    * ``gpu``: True (the default: nothing shares a GPU by accident) when a run may use a GPU; on a runner
+      that owns devices (``--devices``) such a run takes a device slot. False: a CPU-only worker, which
+      takes no slot and whose child sees no GPU (``CUDA_VISIBLE_DEVICES=""``);
+    * ``gpu_memory_bytes``: the GPU memory a run needs; a runner claims the run only when NVML reports
+      that much free on a device with a free slot (see ``gpu_memory_needed`` for engines and presets).
     """
 
     name: str
@@ -357,6 +388,8 @@ class WorkerSpec:
     options: Mapping[str, OptionSpec] = field(default_factory=dict)  # name -> OptionSpec
     accepts_extra_options: bool = False
     requires: tuple[str, ...] = ()
+    gpu: bool = True
+    gpu_memory_bytes: int | None = None
     engines: Mapping[str, EngineSpec] = field(default_factory=dict)
     default_engine: str | None = None
     queue: Any = None  # a StampQueue (scrinalia.domains.archive.stamps) for document workers
@@ -370,6 +403,17 @@ class WorkerSpec:
             raise ValueError(f"{self.name}: option name(s) {sorted(refused)} are reserved")
         if self.default_engine is not None and self.default_engine not in self.engines:
             raise ValueError(f"{self.name}: default engine {self.default_engine!r} is not declared")
+
+    def gpu_memory_needed(self) -> int | None:
+        """The GPU memory a run of this worker may need, decided before the claim (the run's engine and
+        preset are resolved only in its child, after it): the worker's own declaration, else the largest
+        of its engines' and their presets' (the safe side). None: nothing declared, or a CPU-only worker."""
+        if not self.gpu:
+            return None
+        if self.gpu_memory_bytes is not None:
+            return self.gpu_memory_bytes
+        declared = [m for m in (e.gpu_memory_needed() for e in self.engines.values()) if m is not None]
+        return max(declared) if declared else None
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -416,6 +460,8 @@ class WorkerSpec:
             "options": {k: o.describe() for k, o in self.options.items()},
             "accepts_extra_options": self.accepts_extra_options,
             "requires": list(self.requires),
+            "gpu": self.gpu,
+            "gpu_memory_bytes": self.gpu_memory_needed(),
             "default_engine": self.default_engine,
             "engines": {k: e.signature() for k, e in self.engines.items()},
         }
@@ -509,6 +555,8 @@ def _coerce_options(values: Mapping[str, Any], declared: Mapping[str, "OptionSpe
         ospec = declared.get(k)
         if ospec is not None:
             clean[k] = ospec.coerce(v, f"{prefix}.{k}")
+            if ospec.required and clean[k] is None:
+                raise MissingOption(f"{prefix}.{k}", f"is required and not set: {ospec.required_hint or ospec.description}")
         elif accepts_extra:
             clean[k] = v
         else:

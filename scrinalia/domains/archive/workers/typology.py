@@ -1,6 +1,10 @@
-"""``typology``: zero-shot classification of each title against the active typologies (NLI, local model).
+"""``typology``: zero-shot classification of each title against the active typologies.
 
-A typology is linked when its score reaches ``threshold`` (0.40 by default). The document's previous
+Two engines: ``embedding-similarity`` (the default: the title against each typology's name and
+description, embedded with the bundled all-MiniLM-L6-v2, so it runs with no extra model) and
+``transformers-zero-shot`` (a local NLI model, chosen in the worker's settings). A typology is linked
+when its score reaches ``threshold`` (0.40 by default); both engines' scores sum to 1 over the typologies
+unless ``multi_label``. The document's previous
 typology links are replaced. Stamp: md5 of the title (an edited title is re-classified); a run with no
 active typology stamps nothing (adding typologies later must find the documents still pending).
 Governed.
@@ -12,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from scrinalia.domains.archive.workers.base import commit_batch, pending_batches, per_unit
+from scrinalia.domains.archive.workers.engines.embedding import SIMILARITY
 from scrinalia.domains.archive.workers.engines.nli import ZERO_SHOT
 from scrinalia.domains.archive.workers.sdk import OptionSpec, RunContext, WorkerSpec
 from scrinalia.domains.archive.workers.stamps import DONE, ERROR, TITLE_STAMP_SQL, StampQueue
@@ -38,8 +43,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
     if "{}" not in options["hypothesis_template"]:
         raise ValueError("options.hypothesis_template must contain {} (where the typology goes)")
     with ctx.engine.connect() as conn:
-        typologies = {r.name: r.id for r in conn.execute(
-            text("SELECT id, name FROM archive_typologies WHERE active ORDER BY id"))}
+        rows = conn.execute(text("SELECT id, name, description FROM archive_typologies WHERE active ORDER BY id")).all()
+    typologies = {r.name: r.id for r in rows}
+    descriptions = {r.name: r.description for r in rows}
     ctx.result["typologies"] = len(typologies)
     if not typologies:
         ctx.result["skipped"] = "no active typology: nothing stamped"
@@ -49,7 +55,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
     labels = list(typologies)
 
     def classify(titles: list[str]) -> list[dict[str, float]]:
-        return model.classify(titles, labels, options["hypothesis_template"], options["multi_label"])
+        return model.classify(titles, labels, options["hypothesis_template"], options["multi_label"],
+                              descriptions=descriptions)
 
     for batch in pending_batches(ctx, QUEUE, "d.title"):
         todo = [r for r in batch if r.title.strip()]
@@ -79,8 +86,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
 SPEC = WorkerSpec(
     name="typology",
     label="Typology",
-    description="Zero-shot classification of each title against the active typologies with a local NLI "
-                "model; a typology is linked when its score reaches the threshold (0.40).",
+    description="Zero-shot classification of each title against the active typologies (by embedding "
+                "similarity with the bundled model, or with a local NLI model set in its settings); a "
+                "typology is linked when its score reaches the threshold (0.40).",
     run=run,
     unit="document",
     governed=True,
@@ -92,8 +100,8 @@ SPEC = WorkerSpec(
         "hypothesis_template": OptionSpec("str", "This document is {}.", "the NLI hypothesis; {} is the typology"),
         "multi_label": OptionSpec("bool", False, "score each typology on its own instead of a softmax over them"),
     },
-    engines={ZERO_SHOT.name: ZERO_SHOT},
-    default_engine=ZERO_SHOT.name,
+    engines={SIMILARITY.name: SIMILARITY, ZERO_SHOT.name: ZERO_SHOT},
+    default_engine=SIMILARITY.name,
     requires=("torch", "transformers"),
     queue=QUEUE,
 )

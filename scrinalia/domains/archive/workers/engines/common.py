@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from scrinalia.domains.archive.workers.sdk import InvalidOption, OptionSpec, Preset
+from scrinalia.domains.archive.workers.sdk import EngineUnavailable, InvalidOption, OptionSpec, Preset
 
 DEVICE = OptionSpec(
     "str", "auto",
@@ -27,8 +27,17 @@ DEVICE_PRESETS = {
 }
 
 
-def model_dir_option(description: str, default: str | None = None) -> OptionSpec:
-    return OptionSpec("path", default, description, nullable=default is None)
+def model_hint(worker: str, kind: str) -> str:
+    """What to set, and where, for a model directory that no layer gives (docs/workers.md, "Models")."""
+    return (f"engine_options.model must name a local {kind} model directory on the runner's host: set it in "
+            f"the panel (Workers > {worker} > Settings), with PUT /api/v1/system/workers/{worker}/settings, "
+            f"or in the run request; docs/workers.md (\"Models\") says where models come from")
+
+
+def model_dir_option(description: str, default: str | None = None, *, required_hint: str | None = None) -> OptionSpec:
+    """A model directory option; with ``required_hint`` a run without one is refused where it is asked."""
+    return OptionSpec("path", default, description, nullable=default is None,
+                      required=required_hint is not None, required_hint=required_hint or "")
 
 
 def describe_model_dir(path: str | None) -> dict[str, Any]:
@@ -93,10 +102,11 @@ def torch_dtype(name: str, device):
 
 def require_model_dir(path: str | None, what: str) -> Path:
     if not path:
-        raise FileNotFoundError(f"{what}: engine_options.model names no local model directory")
+        raise EngineUnavailable("engine_options.model", f"{what}: names no local model directory")
     directory = Path(path).expanduser()
     if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"{what}: {directory} is not a local model directory (no config.json)")
+        raise EngineUnavailable("engine_options.model",
+                                f"{what}: {directory} is not a local model directory on this host (no config.json)")
     return directory
 
 

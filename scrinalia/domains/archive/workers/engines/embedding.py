@@ -113,3 +113,63 @@ TRANSFORMERS = EngineSpec(
     presets=DEVICE_PRESETS,
     default_preset=None,
 )
+
+
+# --- zero-shot by similarity (typology's engine when no NLI model is configured) ---------------------
+
+SIMILARITY_OPTIONS = {
+    **OPTIONS,
+    "temperature": OptionSpec("float", 0.05, "softmax temperature over the labels' cosine similarities "
+                              "(lower: sharper); unused with multi_label", minimum=0.001, maximum=10.0),
+}
+
+
+class SimilarityClassifier:
+    """Zero-shot classification by embedding similarity: the premise (a title) and each label's text (its
+    name and description) are embedded with the same model; a label's score is a softmax over the
+    labels' cosine similarities at ``temperature`` (scores sum to 1, like the NLI engine's), or, with
+    ``multi_label``, its cosine similarity on its own (clipped to 0..1). Needs no model beyond the
+    bundled all-MiniLM-L6-v2, so typology runs on a fresh install."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.embedder = TransformersEmbedder(options)
+        self.model_name = f"{self.embedder.model_name} (similarity)"
+        self.temperature = float(options["temperature"])
+
+    def classify(self, premises: list[str], labels: list[str], hypothesis_template: str = "{}",
+                 multi_label: bool = False, descriptions: dict[str, str | None] | None = None
+                 ) -> list[dict[str, float]]:
+        """Per premise: {label: score}. ``descriptions``: label -> its description (embedded with it)."""
+        if not premises or not labels:
+            return [{} for _ in premises]
+        torch = self.embedder.torch
+        label_texts = [label_text(label, (descriptions or {}).get(label)) for label in labels]
+        p = torch.tensor(self.embedder.embed(list(premises)))
+        l = torch.tensor(self.embedder.embed(label_texts))
+        similarity = p @ l.T  # unit vectors: cosine similarity
+        if multi_label:
+            scores = similarity.clamp(min=0.0, max=1.0)
+        else:
+            scores = torch.softmax(similarity / self.temperature, dim=1)
+        return [dict(zip(labels, row)) for row in scores.tolist()]
+
+
+def label_text(label: str, description: str | None) -> str:
+    return f"{label}: {description}" if description else label
+
+
+def describe_similarity(options: dict[str, Any]) -> dict[str, Any]:
+    return {**describe(options), "task": "zero-shot-classification by embedding similarity",
+            "temperature": options["temperature"]}
+
+
+SIMILARITY = EngineSpec(
+    name="embedding-similarity",
+    description="zero-shot by the cosine similarity of sentence embeddings (title vs. each label and "
+                "description); the bundled all-MiniLM-L6-v2 unless engine_options.model names another",
+    load=SimilarityClassifier,
+    describe=describe_similarity,
+    options=SIMILARITY_OPTIONS,
+    presets=DEVICE_PRESETS,
+    default_preset=None,
+)

@@ -16,12 +16,14 @@ from scrinalia.domains.archive.workers.engines.common import (
     describe_local_model,
     load_pretrained,
     model_dir_option,
+    model_hint,
     require_model_dir,
 )
 from scrinalia.domains.archive.workers.sdk import EngineSpec, OptionSpec
 
+MODEL_DESCRIPTION = "a local NLI (sequence-classification with an entailment label) model directory"
+
 OPTIONS = {
-    "model": model_dir_option("a local NLI (sequence-classification with an entailment label) model directory"),
     "device": DEVICE,
     "dtype": DTYPE,
     "batch_size": OptionSpec("int", 16, "premise/hypothesis pairs per forward pass", minimum=1, maximum=1024),
@@ -34,9 +36,9 @@ def describe(options: dict[str, Any]) -> dict[str, Any]:
 
 class ZeroShotClassifier:
     def __init__(self, options: dict[str, Any]) -> None:
+        directory = require_model_dir(options.get("model"), "nli")
         from transformers import AutoModelForSequenceClassification, pipeline
 
-        directory = require_model_dir(options.get("model"), "nli")
         tokenizer, model, device, _ = load_pretrained(AutoModelForSequenceClassification, directory, options)
         if not any("entail" in str(label).lower() for label in model.config.id2label.values()):
             raise ValueError(f"{directory} is not an NLI model: no 'entailment' label in {model.config.id2label}")
@@ -45,8 +47,9 @@ class ZeroShotClassifier:
         self.pipe = pipeline("zero-shot-classification", model=model, tokenizer=tokenizer, device=device)
 
     def classify(self, premises: list[str], labels: list[str], hypothesis_template: str,
-                 multi_label: bool = False) -> list[dict[str, float]]:
-        """Per premise: {label: score}."""
+                 multi_label: bool = False, descriptions: dict[str, str | None] | None = None
+                 ) -> list[dict[str, float]]:
+        """Per premise: {label: score}. ``descriptions`` is the similarity engine's; NLI scores names."""
         if not premises or not labels:
             return [{} for _ in premises]
         raw = self.pipe(list(premises), candidate_labels=list(labels), hypothesis_template=hypothesis_template,
@@ -61,15 +64,19 @@ class ZeroShotClassifier:
         return [s.get(hypothesis, 0.0) for s in scores]
 
 
-def nli_engine(name: str, description: str, extra_options: dict[str, OptionSpec] | None = None) -> EngineSpec:
+def nli_engine(name: str, description: str, extra_options: dict[str, OptionSpec] | None = None, *,
+               required_hint: str) -> EngineSpec:
+    """An NLI engine whose ``model`` is required; ``required_hint`` says where to set it."""
+    model = model_dir_option(MODEL_DESCRIPTION, required_hint=required_hint)
     return EngineSpec(
         name=name,
         description=description,
         load=ZeroShotClassifier,
         describe=describe,
-        options={**OPTIONS, **(extra_options or {})},
+        options={"model": model, **OPTIONS, **(extra_options or {})},
         presets=DEVICE_PRESETS,
     )
 
 
-ZERO_SHOT = nli_engine("transformers-zero-shot", "zero-shot classification with a local NLI model")
+ZERO_SHOT = nli_engine("transformers-zero-shot", "zero-shot classification with a local NLI model",
+                       required_hint=model_hint("typology", "NLI"))

@@ -10,6 +10,7 @@ from scrinalia.domains.archive.workers.engines.common import (
     describe_local_model,
     load_pretrained,
     model_dir_option,
+    model_hint,
     require_model_dir,
 )
 from scrinalia.domains.archive.workers.sdk import EngineSpec, OptionSpec
@@ -23,7 +24,8 @@ LABEL_ALIASES = {
 }
 
 OPTIONS = {
-    "model": model_dir_option("a local token-classification model directory (required)"),
+    "model": model_dir_option("a local token-classification model directory (required)",
+                              required_hint=model_hint("ner", "token-classification (NER)")),
     "device": DEVICE,
     "dtype": DTYPE,
     "batch_size": OptionSpec("int", 16, "texts per forward pass", minimum=1, maximum=1024),
@@ -40,9 +42,9 @@ def describe(options: dict[str, Any]) -> dict[str, Any]:
 
 class TokenClassifier:
     def __init__(self, options: dict[str, Any]) -> None:
+        directory = require_model_dir(options.get("model"), "ner")
         from transformers import AutoModelForTokenClassification, pipeline
 
-        directory = require_model_dir(options.get("model"), "ner")
         tokenizer, model, device, _ = load_pretrained(AutoModelForTokenClassification, directory, options)
         self.model_name = directory.name
         self.batch_size = int(options["batch_size"])

@@ -1,0 +1,56 @@
+"""The one validation of a run request, shared by every entry point that writes one.
+
+The API (enqueue, schedules, retry), ``scrinalia-runner run``, ``scrinalia scheduler add`` and the
+scheduler's own tick call ``validate_run_request`` before anything is written, so they refuse the same
+requests with the same message: an unknown worker, option, engine or preset, an out-of-range value, a
+required option (a model directory) that no layer sets. It runs the catalogue's resolver (explicit >
+persisted settings > default), which is what the runner's child runs again at claim, so what is accepted
+here is what a runner can resolve. Nothing here imports torch: engines are described, never loaded.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Engine
+
+from scrinalia.domains.archive.errors import InvalidRunRequest
+from scrinalia.domains.archive.ledger import validate_request
+from scrinalia.domains.archive.workers.sdk import UnknownWorker, WorkerSpec
+
+Catalogue = Mapping[str, WorkerSpec]
+
+
+def as_field_error(exc: BaseException) -> InvalidRunRequest | None:
+    """The catalogue's typed errors carry the field; normalise anything else that does too (a plugin's
+    resolver may raise its own class with ``field`` and ``message``)."""
+    if isinstance(exc, InvalidRunRequest):
+        return exc
+    field = getattr(exc, "field", None)
+    if isinstance(field, str) and field:
+        return InvalidRunRequest(field, str(getattr(exc, "message", None) or exc))
+    return None
+
+
+def resolve_or_raise(spec: WorkerSpec, engine: Engine | None, clean: Mapping[str, Any]) -> None:
+    """Resolve ``clean`` as a runner would; a resolver error that names a field is ``InvalidRunRequest``."""
+    try:
+        spec.resolve(engine, clean)
+    except Exception as exc:  # noqa: BLE001 - an error naming a field is the request's fault, else re-raised
+        field_error = as_field_error(exc)
+        if field_error is not None:
+            raise field_error from None
+        raise
+
+
+def validate_run_request(catalogue: Catalogue, engine: Engine | None, worker_name: str,
+                         request: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The clean request for ``worker_name``, or ``InvalidRunRequest`` naming the offending field
+    (``UnknownWorker``'s field is ``worker_name``). ``engine``: the database whose persisted settings
+    are layered under the request (None: the request alone)."""
+    spec = catalogue.get(worker_name)
+    if spec is None:
+        raise UnknownWorker(worker_name, sorted(catalogue))
+    clean = validate_request(request or {})
+    resolve_or_raise(spec, engine, clean)
+    return clean
