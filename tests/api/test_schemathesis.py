@@ -55,7 +55,8 @@ def test_no_server_error_and_answers_match_the_schema(app, engine):
 
 def test_no_server_error_from_a_running_api(database_url, engine):
     add_user(engine, "fuzz@example.org", "ADMIN")
-    with live_api(database_url, workers=2, API_LOGIN_RATE_LIMIT="10000") as api:
+    # API_EVENTS_STREAM_SECONDS=0: the live-panel stream answers its hello and ends, as in-process.
+    with live_api(database_url, workers=2, API_LOGIN_RATE_LIMIT="10000", API_EVENTS_STREAM_SECONDS="0") as api:
         r = httpx.post(f"{api.base}/api/v1/auth/login", timeout=30,
                        json={"email": "fuzz@example.org", "password": PASSWORD, "issue_token": True})
         assert r.status_code == 200, r.text
