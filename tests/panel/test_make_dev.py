@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.panel.helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, REPO
+from tests.panel.helpers import ARTIFACTS, REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -124,7 +124,7 @@ def clone_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_make_dev_from_a_fresh_copy_runs_embedding(clone_dir):
+def test_make_dev_from_a_fresh_copy_runs_embedding(clone_dir, browser):
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -173,7 +173,7 @@ def test_make_dev_from_a_fresh_copy_runs_embedding(clone_dir):
             r = client.post("/api/v1/system/workers/embedding/runs", json={"db_batch_size": 8})
             assert r.status_code == 201, r.text
             run_id = r.json()["run_id"]
-            screenshot_panel(base, port)
+            screenshot_panel(browser, base, port)
             run = wait_run(client, run_id, 180)
             assert run["status"] == "SUCCESS", run
             assert run["progress"]["done"] == run["progress"]["total"] >= 150
@@ -245,36 +245,34 @@ def test_make_dev_from_a_fresh_copy_runs_embedding(clone_dir):
     assert "again: stopping now" in dev2.output and "all stopped" in dev2.output, dev2.output[-3000:]
 
 
-def screenshot_panel(base: str, port: int) -> None:
-    """The README's picture: the real catalogue with `embedding` running on the demo collection."""
-    if not Path(CHROMIUM).exists():
-        return
-    from playwright.sync_api import expect, sync_playwright
+def screenshot_panel(browser, base: str, port: int) -> None:
+    """The README's picture: the real catalogue with `embedding` running on the demo collection.
+    ``browser``: the session's (a second sync Playwright in one thread is refused while it runs)."""
+    from playwright.sync_api import expect
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(base_url=base, viewport={"width": 1280, "height": 860}, color_scheme="light")
-            page.goto("/#/login")
-            page.get_by_label("E-mail").fill("admin@scrinalia.local")
-            page.get_by_label("Password").fill(NEW_PASSWORD)
-            page.get_by_role("button", name="Log in").click()
-            card = page.locator('article[data-worker="embedding"]')
-            deadline = time.monotonic() + 60
-            while card.get_attribute("data-state") != "running" and time.monotonic() < deadline:
-                page.evaluate("window.dispatchEvent(new Event('focus'))")
-                page.wait_for_timeout(1000)
-            try:  # best effort: on a loaded machine the run may end before its progress shows
-                expect(card.get_by_role("progressbar")).to_have_attribute(
-                    "aria-valuenow", re.compile(r"^[1-9]"), timeout=20_000)
-            except AssertionError:
-                pass
-            page.wait_for_timeout(300)
-            path = ARTIFACTS / "make-dev-panel.png"
-            page.screenshot(path=str(path))
-            if os.environ.get("SCRINALIA_UPDATE_DOCS_IMG") == "1":
-                target = REPO / "docs" / "img" / "panel.png"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, target)
-        finally:
-            browser.close()
+    context = browser.new_context(base_url=base, viewport={"width": 1280, "height": 860}, color_scheme="light")
+    try:
+        page = context.new_page()
+        page.goto("/#/login")
+        page.get_by_label("E-mail").fill("admin@scrinalia.local")
+        page.get_by_label("Password").fill(NEW_PASSWORD)
+        page.get_by_role("button", name="Log in").click()
+        card = page.locator('article[data-worker="embedding"]')
+        deadline = time.monotonic() + 60
+        while card.get_attribute("data-state") != "running" and time.monotonic() < deadline:
+            page.evaluate("window.dispatchEvent(new Event('focus'))")
+            page.wait_for_timeout(1000)
+        try:  # best effort: on a loaded machine the run may end before its progress shows
+            expect(card.get_by_role("progressbar")).to_have_attribute(
+                "aria-valuenow", re.compile(r"^[1-9]"), timeout=20_000)
+        except AssertionError:
+            pass
+        page.wait_for_timeout(300)
+        path = ARTIFACTS / "make-dev-panel.png"
+        page.screenshot(path=str(path))
+        if os.environ.get("SCRINALIA_UPDATE_DOCS_IMG") == "1":
+            target = REPO / "docs" / "img" / "panel.png"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+    finally:
+        context.close()
