@@ -166,7 +166,9 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
     from runner.forkserver import ForkServerError, ForkServerLauncher
     from runner.launchers import SpawnLauncher
     from runner.sdnotify import Notifier
-    from runner.supervisor import Supervisor, _brief
+    from runner.supervisor import Supervisor
+
+    from scrinalia.db.errors import database_problem
 
     from scrinalia.domains.archive.workers.plugins import PluginError, load_catalogue
 
@@ -195,7 +197,7 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
         engine.dispose()
         return opts.EXIT_SCHEMA_BEHIND
     except SQLAlchemyError as exc:
-        log.error("the database does not answer (%s)", _brief(exc))
+        log.error("%s", database_problem(exc))
         engine.dispose()
         return opts.EXIT_DATABASE
 
@@ -231,7 +233,7 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
         options,
         engine=engine,
         database_url=url.render(),
-        child_connect_args=child_connect_args(settings),
+        child_connect_args=child_connect_args(settings, options),
         launcher=launcher,
         registration=registration(options, capabilities, kind="daemon", schema_revision=revision,
                                   devices=planner.registry_devices(nvml_devices)),
@@ -251,7 +253,7 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
         log.error("%s", exc)
         return 1
     except SQLAlchemyError as exc:
-        log.error("the database does not answer (%s)", _brief(exc))
+        log.error("%s", database_problem(exc))
         return opts.EXIT_DATABASE
     finally:
         sup.close()
@@ -306,11 +308,16 @@ def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, n
 
         settings = _settings()
         try:
-            engine = runner_engine(settings, application_name="scrinalia-runner-status")
+            engine = runner_engine(settings, application_name="scrinalia-runner-status", connect_args={
+                "connect_timeout": 5, "options": "-c statement_timeout=10000 -c lock_timeout=5000"})
         except Exception as exc:
             _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+        from scrinalia.db.errors import database_errors, database_problem
+
         try:
             rows = registry.list_runners(engine)
+        except database_errors() as exc:  # one line, never a traceback (exit 5)
+            _fail(opts.EXIT_DATABASE, database_problem(exc))
         finally:
             engine.dispose()
         if as_json:
@@ -407,7 +414,8 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
 
     from runner.database import SchemaBehind
     from runner.oneshot import run_once
-    from runner.supervisor import _brief
+
+    from scrinalia.db.errors import database_problem
 
     from scrinalia.domains.archive.errors import InvalidRunRequest, WorkerRunAlreadyActive
     bar = ProgressBar()
@@ -430,7 +438,7 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
     except OptionsError as exc:
         _fail(opts.EXIT_USAGE, str(exc))
     except SQLAlchemyError as exc:
-        _fail(opts.EXIT_DATABASE, f"the database does not answer ({_brief(exc)})")
+        _fail(opts.EXIT_DATABASE, database_problem(exc))
     except KeyboardInterrupt:
         _fail(opts.EXIT_CANCELLED, "interrupted before the run started")
     finally:

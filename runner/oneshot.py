@@ -75,7 +75,7 @@ def run_once(
             options,
             engine=engine,
             database_url=url.render(),
-            child_connect_args=child_connect_args(settings),
+            child_connect_args=child_connect_args(settings, options),
             launcher=SpawnLauncher(preload=preload),
             registration=registration(options, [worker_name], kind="cli", schema_revision=revision),
             mode="oneshot",

@@ -11,7 +11,9 @@ from scrinalia.settings import get_settings
 
 
 def _engine():
-    return app_engine(get_settings(), application_name="scrinalia-scheduler")
+    from scrinalia.scheduler.service import SESSION_BOUNDS
+
+    return app_engine(get_settings(), application_name="scrinalia-scheduler", connect_args=dict(SESSION_BOUNDS))
 
 
 @click.group("scheduler")

@@ -69,7 +69,8 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
                 "started_at", "heartbeat_at", "lease_expires_at"),
         update=_RUN_PROTOCOL_COLUMNS,
         why="claim_next, record_start, heartbeat, finish, expire_leases, request_cancel (one-shot Ctrl-C), "
-            "create_running (one-shot CLI), the SDK's lease fence (SELECT ... FOR UPDATE), get_run",
+            "create_running (one-shot CLI), get_run; the batch fence's check at COMMIT takes the row FOR SHARE "
+            "(which needs UPDATE on a column: it has)",
     ),
     TableGrant(
         "archive_worker_runners",
@@ -102,6 +103,9 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
     TableGrant("archive_review_queue", insert=("document_id", "reason", "details", "source_run_id"),
                update=("reason", "details", "source_run_id"),
                why="quality-validator's open review item (ON CONFLICT DO UPDATE); quality reads has-entities"),
+    TableGrant("archive_batch_fences", insert=("run_id", "runner_id"), delete=True,
+               why="ledger.register_batch_fence (the SDK's commit) inserts the fence; its trigger at COMMIT "
+                   "(migration 0008, run as the invoker) deletes it"),
     TableGrant("archive_worker_settings", why="the child resolves the run's effective settings"),
     TableGrant("archive_cleaning_rules", why="cleaning's REWRITE rules, quality's VALIDATE and LLM_CHECK rules"),
     TableGrant("archive_typologies", why="typology's active typologies"),

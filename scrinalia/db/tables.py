@@ -442,3 +442,14 @@ archive_review_queue = Table(
     Index("uq_review_open_per_document", "document_id", unique=True,
           postgresql_where=text("resolved_at IS NULL")),
 )
+
+# Migration 0008: one row per open batch of a worker (RunContext.commit), checked and deleted by a
+# deferred constraint trigger at COMMIT (the batch fence, decision 0100). UNLOGGED: a row never outlives
+# its transaction.
+archive_batch_fences = Table(
+    "archive_batch_fences",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), nullable=False),
+    Column("runner_id", UUID(as_uuid=True), nullable=False),
+    prefixes=["UNLOGGED"],
+)

@@ -22,6 +22,15 @@ from scrinalia.scheduler.schedules import TickOutcome, fire_due_schedules
 
 log = logging.getLogger("scrinalia.scheduler")
 
+#: The scheduler's sessions are bounded by the server (decision 0101): a tick is a few one-statement
+#: steps of milliseconds, so no statement may run 10 s, no lock be waited on 5 s, no transaction idle
+#: 10 s; a connection attempt gives up after 5 s. A tick that hits a bound fails with one log line and
+#: the next tick tries again: the scheduler never waits without a bound.
+SESSION_BOUNDS: dict[str, object] = {
+    "connect_timeout": 5,
+    "options": "-c statement_timeout=10000 -c lock_timeout=5000 -c idle_in_transaction_session_timeout=10000",
+}
+
 # A fixed 64-bit key: hashtext('scrinalia-scheduler') would do too, but a literal is greppable.
 LEADER_LOCK_KEY = 0x5C41_5C4E_0001
 

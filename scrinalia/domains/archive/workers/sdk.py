@@ -13,7 +13,8 @@ Contract between the runner (``runner/``) and the catalogue (``scrinalia.domains
   ``LeaseLost`` ends the child with nothing more written, any other exception ends it FAILED.
 
 A worker never writes to the archive outside ``RunContext.commit``: that is the hard fence (the run's
-lease is checked in the same transaction, so no late write lands after the lease is gone). Its batches
+lease is checked by the database when the batch's transaction commits, so no write lands after the lease
+is gone; decision 0100). A batch's transaction holds no lock on the run's row. Its batches
 come from ``RunContext.batches``, which checks cancellation once per batch boundary, so a worker cannot
 forget to.
 
@@ -23,17 +24,26 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import Connection, Engine, bindparam, text
-from sqlalchemy.dialects.postgresql import UUID
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
 
 from scrinalia.domains.archive.errors import InvalidRunRequest
-from scrinalia.domains.archive.ledger import BATCH_SIZE_MAX, BATCH_SIZE_MIN, WorkerRun, validate_request
+from scrinalia.db.errors import classify_database_error, describe_database_error
+from scrinalia.domains.archive.ledger import (
+    BATCH_SIZE_MAX,
+    BATCH_SIZE_MIN,
+    WorkerRun,
+    is_batch_fence_refusal,
+    register_batch_fence,
+    validate_request,
+)
 from scrinalia.domains.archive.worker_settings import get_settings
 
 T = TypeVar("T")
@@ -672,13 +682,14 @@ def resolve_config(spec: WorkerSpec, engine: Engine | None, request: Mapping[str
 
 # --- the run context ------------------------------------------------------------------------------
 
-_LEASE_FENCE = text(
-    """
-    SELECT 1 FROM archive_worker_runs
-     WHERE run_id = :run_id AND runner_id = :runner_id AND status = 'RUNNING' AND lease_expires_at > now()
-       FOR UPDATE
-    """
-).bindparams(bindparam("run_id", type_=UUID(as_uuid=True)), bindparam("runner_id", type_=UUID(as_uuid=True)))
+#: Pauses between two tries of a batch (or a fetch) while the database is away: a restart or a failover
+#: shorter than the run's lease fails nothing (decision 0104).
+RETRY_PAUSES = (0.1, 0.25, 0.5, 1.0)
+DEFAULT_LEASE_SECONDS = 60.0
+
+
+class DatabaseOutage(RuntimeError):
+    """The database stayed unreachable (or blocked) for longer than the run's lease: the run fails."""
 
 
 class RunContext:
@@ -744,17 +755,62 @@ class RunContext:
             self._model_loaded = True
         return self._model
 
-    def commit(self, write: Callable[[Connection], T]) -> T:
-        """Run ``write`` in one transaction that first locks this run's row and checks its lease.
+    @property
+    def lease_seconds(self) -> float:
+        """The run's lease, as its claim set it (``lease_expires_at - heartbeat_at``, one ``now()``)."""
+        run = self.run
+        if run.lease_expires_at is not None and run.heartbeat_at is not None:
+            seconds = (run.lease_expires_at - run.heartbeat_at).total_seconds()
+            if seconds > 0:
+                return seconds
+        return DEFAULT_LEASE_SECONDS
 
-        If the lease is gone the transaction is rolled back and ``LeaseLost`` is raised, so no archive
-        write lands after another runner may have taken over.
+    def commit(self, write: Callable[[Connection], T]) -> T:
+        """Run ``write`` in one transaction fenced by the run's lease *at COMMIT* (decision 0100).
+
+        The transaction's first statement registers the fence (``ledger.register_batch_fence``: refused
+        at once when the lease is already gone); the database checks it again when the transaction
+        commits, so a batch whose COMMIT comes after the lease has ended (a child frozen or cut off
+        mid-batch) is rolled back whole, and no row lock is held while ``write`` runs. Either refusal
+        raises ``LeaseLost``: the child must write nothing more.
+
+        A database restart or failover shorter than the lease fails nothing: the batch is tried again on
+        a new connection (the stamps make it idempotent) until one lease has passed since the first
+        failure; then ``DatabaseOutage``.
         """
-        with self.engine.begin() as conn:
-            held = conn.execute(_LEASE_FENCE, {"run_id": self.run.run_id, "runner_id": self.runner_id}).first()
-            if held is None:
-                raise LeaseLost(f"run {self.run.run_id} is no longer held by runner {self.runner_id}")
-            return write(conn)
+        def attempt() -> T:
+            with self.engine.begin() as conn:
+                if not register_batch_fence(conn, self.run.run_id, self.runner_id):
+                    raise LeaseLost(f"run {self.run.run_id} is no longer held by runner {self.runner_id}")
+                return write(conn)
+
+        return self._retrying(f"batch {self.batch_index}", attempt)
+
+    def _retrying(self, what: str, attempt: Callable[[], T]) -> T:
+        """``attempt()``, tried again while the database is unreachable or blocked, for at most one lease."""
+        deadline: float | None = None
+        tries = 0
+        while True:
+            try:
+                return attempt()
+            except DBAPIError as exc:
+                if is_batch_fence_refusal(exc):
+                    first = (str(getattr(exc, "orig", exc)).strip().splitlines() or ["LeaseLost"])[0]
+                    raise LeaseLost(first.removeprefix("LeaseLost: ")) from None
+                state = classify_database_error(exc)
+                if state not in ("unreachable", "blocked"):
+                    raise
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + self.lease_seconds
+                if now >= deadline:
+                    raise DatabaseOutage(
+                        f"the database stayed {state} for longer than the run's lease ({self.lease_seconds:g} s) "
+                        f"during {what}: {describe_database_error(exc)}") from None
+                pause = RETRY_PAUSES[min(tries, len(RETRY_PAUSES) - 1)]
+                tries += 1
+                print(f"database {state} during {what} (try {tries}): {describe_database_error(exc)}; "
+                      f"trying again in {pause:g} s", file=sys.stderr, flush=True)
+                time.sleep(min(pause, max(0.0, deadline - now)))
 
     def batches(self, fetch: Callable[[Connection, int], list[T]]) -> Iterator[list[T]]:
         """Yield batches of at most ``db_batch_size`` pending units until ``fetch`` returns none.
@@ -765,12 +821,16 @@ class RunContext:
         while True:
             if self.cancelled():
                 raise RunCancelled(f"cancelled after {self.done} units")
-            with self.engine.connect() as conn:
-                batch = fetch(conn, size)
+            batch = self._retrying(f"the fetch of batch {self.batch_index + 1}",
+                                   lambda: self._fetch(fetch, size))
             if not batch:
                 return
             self.batch_index += 1
             yield batch
+
+    def _fetch(self, fetch: Callable[[Connection, int], list[T]], size: int) -> list[T]:
+        with self.engine.connect() as conn:
+            return fetch(conn, size)
 
     def tally(self, units: int = 0, **counters: int) -> None:
         """Add a committed batch to the summary (``ctx.result``) and report progress.
