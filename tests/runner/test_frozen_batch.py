@@ -16,7 +16,7 @@ from scrinalia.db.engine import create_engine_from_url
 from scrinalia.domains.archive import ledger
 from scrinalia.scheduler.service import SESSION_BOUNDS, Scheduler
 from tests.runner import workers
-from tests.runner.conftest import RUNNER, ROOT, enqueue, pid_alive, wait_for, wait_status
+from tests.runner.conftest import RUNNER, ROOT, enqueue, wait_for, wait_status
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def test_a_frozen_batch_stalls_nobody_and_is_refused_when_it_resumes(start_runne
     run = ledger.enqueue(engine, "stamper-a", {"options": {"hold_at": 2, "until": str(release), "pause": 0.05}},
                          requested_by="test")
     sibling = enqueue(engine, "slow-b", units=15, pause=0.2)
-    wait_for(lambda: f"in-commit 2" in frozen.log(), 30, what="the batch to be open")
+    wait_for(lambda: "in-commit 2" in frozen.log(), 30, what="the batch to be open")
     child = frozen.child_for(run.run_id, phase=None)
     _stop_group(child["pid"], signal.SIGSTOP)  # the child is frozen mid-commit, its transaction open
     try:
