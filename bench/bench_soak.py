@@ -338,10 +338,8 @@ class Soak:
                 return "its child was stopped"
             if global_faults:
                 return "database restart or partition"
-        if r.status == "FAILED" and any(f.kind in ("parent-kill", "parent-stop") for f in of_daemon):
-            return "its runner was killed or stopped"
-        if r.status == "FAILED" and global_faults:
-            return "database restart or partition"
+        if r.status == "FAILED" and "DatabaseOutage" in error and global_faults:
+            return "database outage longer than the lease"
         return None
 
 

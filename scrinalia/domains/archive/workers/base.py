@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from scrinalia.domains.archive.workers.cuda import is_sticky_cuda_error
-from scrinalia.domains.archive.workers.sdk import RunContext
+from scrinalia.domains.archive.workers.sdk import RunContext, retry_database
 from scrinalia.domains.archive.workers.stamps import ERROR, StampQueue, error_text
 
 #: (document id, stamp fetched with it, DONE | ERROR, error message or None): ``StampQueue.write_stamps``.
@@ -36,7 +36,7 @@ def pending_batches(ctx: RunContext, queue: StampQueue, columns: str,
             state["after"] = rows[-1].id
         return rows
 
-    ctx.total = queue.pending_count(ctx.engine)
+    ctx.total = retry_database("the pending count", lambda: queue.pending_count(ctx.engine), ctx.lease_seconds)
     ctx.result.setdefault("pending_at_start", ctx.total)
     ctx.report_progress(0, ctx.total)
     yield from ctx.batches(fetch)

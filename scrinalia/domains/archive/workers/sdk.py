@@ -692,6 +692,52 @@ class DatabaseOutage(RuntimeError):
     """The database stayed unreachable (or blocked) for longer than the run's lease: the run fails."""
 
 
+def lease_of(run: WorkerRun) -> float:
+    """A claimed run's lease, as its claim set it (``lease_expires_at - heartbeat_at``, one ``now()``)."""
+    if run.lease_expires_at is not None and run.heartbeat_at is not None:
+        seconds = (run.lease_expires_at - run.heartbeat_at).total_seconds()
+        if seconds > 0:
+            return seconds
+    return DEFAULT_LEASE_SECONDS
+
+
+def retry_database(what: str, attempt: Callable[[], T], bound_seconds: float) -> T:
+    """``attempt()``, tried again on a new connection while the database is ``unreachable`` or
+    ``blocked`` (decision 0103), for at most ``bound_seconds`` after the first failure (decision 0104);
+    then ``DatabaseOutage``. The batch fence's refusal is ``LeaseLost``; any other error is raised."""
+    deadline: float | None = None
+    tries = 0
+    while True:
+        try:
+            return attempt()
+        except DBAPIError as exc:
+            if is_batch_fence_refusal(exc):
+                first = (str(getattr(exc, "orig", exc)).strip().splitlines() or ["LeaseLost"])[0]
+                raise LeaseLost(first.removeprefix("LeaseLost: ")) from None
+            state = classify_database_error(exc)
+            if state not in ("unreachable", "blocked"):
+                raise
+            now = time.monotonic()
+            deadline = deadline if deadline is not None else now + bound_seconds
+            if now >= deadline:
+                raise DatabaseOutage(
+                    f"the database stayed {state} for longer than the run's lease ({bound_seconds:g} s) "
+                    f"during {what}: {describe_database_error(exc)}") from None
+            pause = RETRY_PAUSES[min(tries, len(RETRY_PAUSES) - 1)]
+            tries += 1
+            print(f"database {state} during {what} (try {tries}): {describe_database_error(exc)}; "
+                  f"trying again in {pause:g} s", file=sys.stderr, flush=True)
+            time.sleep(min(pause, max(0.0, deadline - now)))
+
+
+def resolve_for_run(spec: WorkerSpec, engine: Engine, run: WorkerRun,
+                    layer: DatabaseLayer | None = None) -> ResolvedConfig:
+    """``spec.resolve`` for a claimed run in the runner's child: its database reads (the persisted
+    settings, the LLM_CHECK rule) are tried again through a restart shorter than the run's lease, so an
+    outage is never mistaken for a configuration failure (decision 0104)."""
+    return retry_database("resolve", lambda: spec.resolve(engine, run.request or {}, layer=layer), lease_of(run))
+
+
 class RunContext:
     """Everything a worker receives: the run, its effective config, the database, progress and the fence."""
 
@@ -757,13 +803,8 @@ class RunContext:
 
     @property
     def lease_seconds(self) -> float:
-        """The run's lease, as its claim set it (``lease_expires_at - heartbeat_at``, one ``now()``)."""
-        run = self.run
-        if run.lease_expires_at is not None and run.heartbeat_at is not None:
-            seconds = (run.lease_expires_at - run.heartbeat_at).total_seconds()
-            if seconds > 0:
-                return seconds
-        return DEFAULT_LEASE_SECONDS
+        """The run's lease, as its claim set it."""
+        return lease_of(self.run)
 
     def commit(self, write: Callable[[Connection], T]) -> T:
         """Run ``write`` in one transaction fenced by the run's lease *at COMMIT* (decision 0100).
@@ -788,29 +829,7 @@ class RunContext:
 
     def _retrying(self, what: str, attempt: Callable[[], T]) -> T:
         """``attempt()``, tried again while the database is unreachable or blocked, for at most one lease."""
-        deadline: float | None = None
-        tries = 0
-        while True:
-            try:
-                return attempt()
-            except DBAPIError as exc:
-                if is_batch_fence_refusal(exc):
-                    first = (str(getattr(exc, "orig", exc)).strip().splitlines() or ["LeaseLost"])[0]
-                    raise LeaseLost(first.removeprefix("LeaseLost: ")) from None
-                state = classify_database_error(exc)
-                if state not in ("unreachable", "blocked"):
-                    raise
-                now = time.monotonic()
-                deadline = deadline if deadline is not None else now + self.lease_seconds
-                if now >= deadline:
-                    raise DatabaseOutage(
-                        f"the database stayed {state} for longer than the run's lease ({self.lease_seconds:g} s) "
-                        f"during {what}: {describe_database_error(exc)}") from None
-                pause = RETRY_PAUSES[min(tries, len(RETRY_PAUSES) - 1)]
-                tries += 1
-                print(f"database {state} during {what} (try {tries}): {describe_database_error(exc)}; "
-                      f"trying again in {pause:g} s", file=sys.stderr, flush=True)
-                time.sleep(min(pause, max(0.0, deadline - now)))
+        return retry_database(what, attempt, self.lease_seconds)
 
     def batches(self, fetch: Callable[[Connection, int], list[T]]) -> Iterator[list[T]]:
         """Yield batches of at most ``db_batch_size`` pending units until ``fetch`` returns none.
