@@ -171,6 +171,16 @@ def run_stamper(ctx: RunContext) -> dict[str, Any]:
     return dict(ctx.result)
 
 
+def run_session_settings(ctx: RunContext) -> dict[str, Any]:
+    """Reports the bounds its own database session runs under (decision 0101, 0102)."""
+    from sqlalchemy import text
+
+    names = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout",
+             "tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count", "tcp_user_timeout")
+    with ctx.engine.connect() as conn:
+        return {n: conn.execute(text(f"SHOW {n}")).scalar_one() for n in names}
+
+
 def run_noop(ctx: RunContext) -> dict[str, Any]:
     return {"noop": True}
 
@@ -267,6 +277,7 @@ ALL = [
     _spec("memory-hog", run_memory_hog),
     _spec("stubborn", run_sigterm_ignorer),
     _spec("noop", run_noop),
+    _spec("session-settings", run_session_settings),
     _spec("committer", run_committer),
     *[_spec(f"stamper-{c}", run_stamper, batch=2) for c in "abcdefgh"],
     *[_spec(f"sleepy-{i:02d}", run_slow) for i in range(16)],
