@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import psycopg
 from sqlalchemy import Engine
 
-from scrinalia.db.errors import database_errors, describe_database_error
+from scrinalia.db.errors import database_errors, database_problem
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.workers.validation import Catalogue
 from scrinalia.scheduler.retry import Retry, retry_failed_scheduled_runs
@@ -112,8 +112,7 @@ class Scheduler:
                         log.info("scheduler is %s", "the leader" if leader else "standing by")
                         was_leader = leader
                 except database_errors() as exc:  # the database is down or refuses us: one line, retry
-                    log.warning("scheduler tick failed: database error: %s; retrying in %.0f s",
-                                describe_database_error(exc), interval_s)
+                    log.warning("scheduler tick failed: %s; retrying in %.0f s", database_problem(exc), interval_s)
                 except Exception:
                     log.exception("scheduler tick failed; retrying in %.0f s", interval_s)
                 stop.wait(interval_s)
