@@ -63,3 +63,32 @@ def _done(engine) -> int:
             return conn.execute(text("SELECT count(*) FROM fence_units WHERE done_by IS NOT NULL")).scalar_one()
     except Exception:  # noqa: BLE001 - while the server restarts
         return 0
+
+
+def test_an_outage_longer_than_the_lease_ends_the_run_with_a_clear_reason(start_runner, runner_env):
+    with private_cluster() as cluster:
+        url = create_database(cluster, "outage")
+        engine = create_engine_from_url(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(text(workers.STAMPER_TABLE_SQL))
+                conn.execute(text("INSERT INTO fence_units (worker) SELECT 'stamper-a' FROM generate_series(1, 400)"))
+            runner = start_runner("--heartbeat", "1", "--lease", "4", "--poll", "0.2", "--capabilities", "stamper-a",
+                                  env={**runner_env, "DATABASE_URL": url})
+            run = ledger.enqueue(engine, "stamper-a", {"options": {"pause": 0.1}}, requested_by="test")
+            child = runner.child_for(run.run_id)
+            wait_for(lambda: _done(engine) >= 4, 30, what="a few batches committed")
+            cluster.stop("fast")
+            time.sleep(8)  # twice the lease
+            cluster.start(fsync=False, max_connections=40)
+            row = wait_status(engine, run.run_id, ("FAILED", "INTERRUPTED", "SUCCESS"), timeout=60)
+            assert row.status in ("INTERRUPTED", "FAILED"), row
+            first = row.error.splitlines()[0]
+            print(f"outage: {row.status} {row.exit_reason}: {first}")
+            assert first.startswith(("SelfFenced:", "DatabaseOutage:", "LeaseExpired:")), first
+            assert row.error_fingerprint and row.exit_reason in ("lease-lost", "exception")
+            wait_for(lambda: runner.status()["database"]["state"] == "ok", 30, what="the runner to reconnect")
+            assert not any(c["run_id"] == str(run.run_id) for c in runner.children())
+            assert child["pid"] not in [c["pid"] for c in runner.children()]
+        finally:
+            engine.dispose()
