@@ -36,13 +36,13 @@ def tls_connect_args(tls: DatabaseTls | None = None, url: URL | None = None) -> 
     """
     tls = tls if tls is not None else load_tls()
     query = dict(url.query) if url is not None else {}
-    mode = tls.db_sslmode
+    mode: str = tls.db_sslmode
     url_mode = query.get("sslmode")
     if isinstance(url_mode, str) and url_mode in SSL_MODES_BY_STRENGTH and (
         SSL_MODES_BY_STRENGTH.index(url_mode) > SSL_MODES_BY_STRENGTH.index(mode)
     ):
         mode = url_mode
-    args = {"sslmode": mode}
+    args: dict[str, str] = {"sslmode": mode}
     root = tls.db_sslrootcert if tls.db_sslrootcert is not None else query.get("sslrootcert")
     if root:
         args["sslrootcert"] = str(root)

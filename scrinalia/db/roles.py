@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from psycopg import sql
 from sqlalchemy import Engine
@@ -164,7 +165,7 @@ def ensure_runner_role(engine: Engine, role: str = "scrinalia_runner", password:
         raise ValueError("role must be a lower-case SQL identifier")
     ident = sql.Identifier(role)
     with engine.begin() as conn:
-        raw = conn.connection.driver_connection
+        raw: Any = conn.connection.driver_connection  # psycopg's connection: the SQL composed below is its own
         with raw.cursor() as cur:
             created, altered = _ensure_attributes(cur, role, ident)
             if password is not None:
@@ -182,16 +183,7 @@ def ensure_runner_role(engine: Engine, role: str = "scrinalia_runner", password:
             cur.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM {}").format(ident))
             cur.execute(sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {}").format(ident))
             cur.execute(sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {}").format(ident))
-            for grant in RUNNER_GRANTS:
-                table = sql.Identifier(grant.table)
-                for verb, columns in grant.privileges():
-                    target = sql.SQL("") if columns == ALL else sql.SQL(" ({})").format(
-                        sql.SQL(", ").join(sql.Identifier(c) for c in columns))
-                    cur.execute(sql.SQL("GRANT {}{} ON {} TO {}").format(sql.SQL(verb), target, table, ident))
-            for suffix, body in RUN_POLICIES.items():
-                name = sql.Identifier(f"{role}__{suffix}")
-                cur.execute(sql.SQL("DROP POLICY IF EXISTS {} ON archive_worker_runs").format(name))
-                cur.execute(sql.SQL("CREATE POLICY {} ON archive_worker_runs " + body).format(name, role=ident))
+            _grant_tables_and_policies(cur, role, ident)
             connect_revoked = _revoke_connect_elsewhere(cur, database)
             cur.execute(
                 "SELECT datname FROM pg_database WHERE datallowconn AND datname <> %s "
@@ -200,6 +192,20 @@ def ensure_runner_role(engine: Engine, role: str = "scrinalia_runner", password:
             cur.execute("SELECT has_database_privilege(%s, %s, 'TEMP')", (role, database))
             temp_revoked = not cur.fetchone()[0]
     return RunnerRoleReport(role, created, altered, temp_revoked, connect_revoked, still)
+
+
+def _grant_tables_and_policies(cur: Any, role: str, ident: sql.Identifier) -> None:
+    """``RUNNER_GRANTS`` (by column where a grant names columns) and the role's ``RUN_POLICIES``."""
+    for grant in RUNNER_GRANTS:
+        table = sql.Identifier(grant.table)
+        for verb, columns in grant.privileges():
+            target = sql.SQL("") if columns == ALL else sql.SQL(" ({})").format(
+                sql.SQL(", ").join(sql.Identifier(c) for c in columns))
+            cur.execute(sql.SQL("GRANT {}{} ON {} TO {}").format(sql.SQL(verb), target, table, ident))
+    for suffix, body in RUN_POLICIES.items():
+        name = sql.Identifier(f"{role}__{suffix}")
+        cur.execute(sql.SQL("DROP POLICY IF EXISTS {} ON archive_worker_runs").format(name))
+        cur.execute(sql.SQL("CREATE POLICY {} ON archive_worker_runs " + body).format(name, role=ident))
 
 
 def _ensure_attributes(cur, role: str, ident: sql.Identifier) -> tuple[bool, tuple[str, ...]]:
@@ -211,7 +217,7 @@ def _ensure_attributes(cur, role: str, ident: sql.Identifier) -> tuple[bool, tup
     if row is None:
         cur.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
         return True, ()
-    wrong = [clause for (name, (clause, want)), have in zip(_ATTRIBUTES.items(), row) if have != want]
+    wrong = [clause for (name, (clause, want)), have in zip(_ATTRIBUTES.items(), row, strict=True) if have != want]
     if wrong:
         cur.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
         if not cur.fetchone()[0] and set(wrong) & {"NOSUPERUSER", "NOREPLICATION", "NOBYPASSRLS"}:

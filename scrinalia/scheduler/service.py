@@ -61,13 +61,15 @@ class Scheduler:
             # Detached from the pool: closing it really ends the session, and with it the lock. A
             # pooled connection would carry the lock back into the pool.
             driver = pooled.driver_connection
+            assert driver is not None, "a checked-out connection has a driver connection"
             pooled.detach()
             driver.autocommit = True
             self._leader_conn = driver
         try:
             with self._leader_conn.cursor() as cur:
                 cur.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK_KEY,))
-                held = cur.fetchone()[0]
+                answer = cur.fetchone()
+                held = answer is not None and answer[0]
         except Exception:
             self.release()
             raise
@@ -95,8 +97,9 @@ class Scheduler:
         report.fired = fire_due_schedules(self.engine, self.catalogue)
         for item in report.fired:
             log.info("schedule %s (%s): %s %s", item.schedule_id, item.worker_name, item.outcome, item.run_id or "")
-        for item in report.retries:
-            log.info("retry of %s (%s): attempt %s as %s", item.retry_of, item.worker_name, item.attempt, item.run_id)
+        for retry in report.retries:
+            log.info("retry of %s (%s): attempt %s as %s", retry.retry_of, retry.worker_name, retry.attempt,
+                     retry.run_id)
         return report
 
     def serve(self, interval_s: float = 5.0, stop: threading.Event | None = None) -> None:

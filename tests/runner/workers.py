@@ -292,7 +292,7 @@ ALL = [
 
 def run_sessions(ctx: RunContext) -> dict[str, Any]:
     """Touches no database: reports how many sessions its engine opened (the resolver's read included)."""
-    pool = ctx.engine.pool
+    pool: Any = ctx.engine.pool  # a QueuePool: counts its connections
     return {"sessions": pool.checkedin() + pool.checkedout(), "options": dict(ctx.options)}
 
 

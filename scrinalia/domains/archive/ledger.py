@@ -3,7 +3,7 @@
 Each function runs exactly one statement in its own transaction (sent in autocommit through
 ``one_statement``: one round trip, no BEGIN/COMMIT pair around it), takes every timestamp from the
 database's ``now()`` (the API host and the GPU host have different clocks), and carries the fence of
-DESIGN.md's protocol table:
+the protocol table (docs/protocol.md):
 
     enqueue        INSERT QUEUED                          fence: uq_worker_run_active -> WorkerRunAlreadyActive
     claim_next     UPDATE one QUEUED row -> RUNNING        fence: FOR UPDATE SKIP LOCKED
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -83,7 +83,7 @@ class WorkerRun:
     result: dict[str, Any] | None
 
     @classmethod
-    def from_row(cls, row: Any) -> "WorkerRun":
+    def from_row(cls, row: Any) -> WorkerRun:
         m = row._mapping
         return cls(**{f.name: m[f.name] for f in fields(cls)})
 
@@ -388,8 +388,8 @@ def heartbeat(
     runner_id: uuid.UUID,
     lease_seconds: float,
     *,
-    progress: Mapping[uuid.UUID | str, Mapping[str, Any]] | None = None,
-    children: list[Mapping[str, Any]] | None = None,
+    progress: Mapping[Any, Mapping[str, Any]] | None = None,
+    children: Sequence[Mapping[str, Any]] | None = None,
 ) -> HeartbeatResult:
     """Renew the registry row and every RUNNING row of this runner in one statement.
 
@@ -644,7 +644,7 @@ _RECORD_PROGRESS = text(
 
 
 def record_progress(
-    engine: Engine, runner_id: uuid.UUID, progress: Mapping[uuid.UUID | str, Mapping[str, Any]]
+    engine: Engine, runner_id: uuid.UUID, progress: Mapping[Any, Mapping[str, Any]]
 ) -> int:
     """Write the latest progress of this runner's children in one statement; returns the rows changed.
 
