@@ -22,18 +22,19 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import bindparam, text  # noqa: E402
-from sqlalchemy.dialects.postgresql import ARRAY, UUID  # noqa: E402
-from sqlalchemy.types import BigInteger  # noqa: E402
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy.types import BigInteger
 
-from bench._pg import bench_database, percentile  # noqa: E402
-from scrinalia.db.engine import create_engine_from_url  # noqa: E402
-from scrinalia.domains.archive import ledger, registry  # noqa: E402
-from tests.ledger.helpers import WireTrace  # noqa: E402
+from bench._pg import bench_database, percentile
+from scrinalia.db.engine import create_engine_from_url
+from scrinalia.domains.archive import ledger, registry
+from tests.ledger.helpers import WireTrace
 
 OLD_FENCE = text(
     """
@@ -82,7 +83,7 @@ def main() -> int:
             with engine.connect() as conn:
                 return int(conn.execute(text("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")).scalar_one())
 
-        results = {}
+        results: dict[str, dict[str, Any]] = {}
         for name, fn in (("before", before), ("after", after)):  # warm up, and count the statements
             fn(-1)
             mark = len(trace.statements())
@@ -90,7 +91,8 @@ def main() -> int:
             results[name] = {"statements_per_batch": len(trace.statements()) - mark,
                              "statements": trace.statements()[mark:], "ms": [], "wal_bytes": 0}
         for i in range(args.batches):
-            for name, fn in (("before", before), ("after", after)) if i % 2 == 0 else (("after", after), ("before", before)):
+            pair = (("before", before), ("after", after))
+            for name, fn in pair if i % 2 == 0 else pair[::-1]:
                 start_lsn = lsn()
                 t0 = time.perf_counter()
                 fn(i)

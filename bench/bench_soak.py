@@ -49,14 +49,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import text
 
-from runner import control  # noqa: E402
-from scrinalia.db import migrate  # noqa: E402
-from scrinalia.db.engine import create_engine_from_url  # noqa: E402
-from scrinalia.db.local_cluster import LocalCluster  # noqa: E402
-from scrinalia.domains.archive import ledger  # noqa: E402
-from tests.runner.workers import STAMPER_TABLE_SQL  # noqa: E402
+from runner import control
+from scrinalia.db import migrate
+from scrinalia.db.engine import create_engine_from_url
+from scrinalia.db.local_cluster import LocalCluster
+from scrinalia.domains.archive import ledger
+from tests.runner.workers import STAMPER_TABLE_SQL
 
 PLUGINS = "tests.runner.workers:ALL"
 WORKERS = [f"stamper-{c}" for c in "abcdefgh"]
@@ -158,7 +158,7 @@ class Soak:
                              {"w": worker, "n": UNITS_PER_RUN})
             try:
                 run = ledger.enqueue(self.engine, worker, {"options": options}, requested_by="soak")
-            except Exception:  # noqa: BLE001 - the slot was taken meanwhile, or the database restarts
+            except Exception:
                 continue
             self.enqueued[str(run.run_id)] = options
 
@@ -228,7 +228,7 @@ class Soak:
                 self.feed()
                 if len(self.enqueued) >= self.args.runs and self.active() == 0:
                     break
-            except Exception as exc:  # noqa: BLE001 - a restart in progress: feed again next time
+            except Exception as exc:
                 print(f"feeder: {type(exc).__name__}", file=sys.stderr)
             if time.monotonic() >= next_fault and len(self.enqueued) < self.args.runs:
                 self.inject()
@@ -286,7 +286,8 @@ class Soak:
                 SELECT min(extract(epoch FROM l.lease - l.committed_at)) FROM (
                     SELECT pg_xact_commit_timestamp(u.xmin) AS committed_at,
                            (SELECT h.lease_expires_at FROM soak_run_history h
-                             WHERE h.run_id = u.done_by AND pg_xact_commit_timestamp(h.xmin) < pg_xact_commit_timestamp(u.xmin)
+                             WHERE h.run_id = u.done_by
+                               AND pg_xact_commit_timestamp(h.xmin) < pg_xact_commit_timestamp(u.xmin)
                              ORDER BY pg_xact_commit_timestamp(h.xmin) DESC LIMIT 1) AS lease
                       FROM fence_units u WHERE u.done_by IS NOT NULL) AS l
                 """)).scalar_one()

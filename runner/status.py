@@ -26,7 +26,8 @@ STATUS_FIELDS: dict[str, str] = {
     "draining": "true once SIGTERM/SIGINT or a registry drain request was received",
     "drain_reason": "why it drains, or null",
     "drain_deadline_seconds": "seconds until the remaining children are stopped, or null",
-    "database": "{state: ok|blocked (a lock or statement timeout: the server answers)|unreachable (no connection)|error|unknown, error: the last error's class or null, "
+    "database": "{state: ok|blocked (a lock or statement timeout: the server answers)|unreachable "
+                "(no connection)|error|unknown, error: the last error's class or null, "
                 "last_heartbeat_age_seconds: seconds since the last renewed heartbeat, "
                 "statements: protocol statements sent since start, by step (heartbeat, claim, "
                 "expire_leases, record_start, finish, ...)}",

@@ -64,7 +64,8 @@ def classify_database_error(exc: BaseException) -> DatabaseState:
         return "unreachable"
     if sqlstate is None:
         import psycopg
-        from sqlalchemy.exc import DBAPIError, TimeoutError as PoolTimeout
+        from sqlalchemy.exc import DBAPIError
+        from sqlalchemy.exc import TimeoutError as PoolTimeout
 
         if isinstance(orig, psycopg.OperationalError) or isinstance(exc, PoolTimeout):
             return "unreachable"  # libpq: connection refused / timed out / closed; no server answer

@@ -84,7 +84,7 @@ def test_a_batch_whose_lease_ends_while_it_is_open_is_refused_at_commit(probe):
     def batch():
         try:
             outcome["value"] = _context(probe, run).commit(_write(run.run_id, hold, entered))
-        except BaseException as exc:  # noqa: BLE001 - the test reads it
+        except BaseException as exc:
             outcome["value"] = exc
 
     thread = threading.Thread(target=batch)
@@ -133,7 +133,7 @@ def test_an_open_batch_holds_nothing_the_protocol_waits_on(probe, bounded):
     def batch():
         try:
             outcome["value"] = _context(probe, run).commit(_write(run.run_id, hold, entered))
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             outcome["value"] = exc
 
     thread = threading.Thread(target=batch)

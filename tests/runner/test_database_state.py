@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.db.errors import classify_database_error, database_problem
 from scrinalia.db.local_cluster import free_port
-from tests.runner.conftest import RUNNER, ROOT, wait_for
+from tests.runner.conftest import ROOT, RUNNER, wait_for
 
 
 def _error_of(engine, sql: str, before: str | None = None) -> DBAPIError:

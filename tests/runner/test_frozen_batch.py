@@ -16,7 +16,7 @@ from scrinalia.db.engine import create_engine_from_url
 from scrinalia.domains.archive import ledger
 from scrinalia.scheduler.service import SESSION_BOUNDS, Scheduler
 from tests.runner import workers
-from tests.runner.conftest import RUNNER, ROOT, enqueue, wait_for, wait_status
+from tests.runner.conftest import ROOT, RUNNER, enqueue, wait_for, wait_status
 
 pytestmark = pytest.mark.slow
 

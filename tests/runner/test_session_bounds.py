@@ -11,7 +11,7 @@ from sqlalchemy import text
 
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.scheduler.service import SESSION_BOUNDS
-from tests.runner.conftest import RUNNER, ROOT
+from tests.runner.conftest import ROOT, RUNNER
 
 
 def _show(url: str, names: tuple[str, ...], **kwargs) -> dict[str, str]:

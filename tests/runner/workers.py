@@ -154,7 +154,7 @@ def run_stamper(ctx: RunContext) -> dict[str, Any]:
             time.sleep(pause)
         number = ctx.batch_index
 
-        def write(conn):
+        def write(conn, number=number, batch=batch):
             written = conn.execute(stamp_sql, {"run": str(ctx.run_id), "batch": number, "ids": batch}).rowcount
             if number == hold_at:
                 print(f"in-commit {number}", flush=True)

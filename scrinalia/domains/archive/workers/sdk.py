@@ -34,8 +34,8 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from scrinalia.domains.archive.errors import InvalidRunRequest
 from scrinalia.db.errors import classify_database_error, describe_database_error
+from scrinalia.domains.archive.errors import InvalidRunRequest
 from scrinalia.domains.archive.ledger import (
     BATCH_SIZE_MAX,
     BATCH_SIZE_MIN,
