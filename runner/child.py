@@ -6,19 +6,17 @@ It is started either by the fork server (forked from a preloaded interpreter) or
 1. becomes a session leader (the supervisor stops it and whatever it started with one ``killpg``; a
    terminal's Ctrl-C never reaches it), and dies with its parent: ``PR_SET_PDEATHSIG`` plus a thread
    that watches the parent's socket and kills the child's own process group on EOF;
-2. receives its assignment (the claimed ``WorkerRun``, how to reach the database) over that socket;
-3. re-resolves the request with ``spec.resolve`` and sends what will run; the *parent* writes it with
-   the fenced ``record_start`` and answers "start" (or "stop": the row was lost, nothing is written);
-4. runs the worker through ``RunContext``, reporting progress (throttled) and showing it in its process
+2. receives its assignment over that socket: the claimed ``WorkerRun``, its configuration as the
+   supervisor resolved it (and already wrote with the fenced ``record_start``), how to reach the database;
+3. runs the worker through ``RunContext``, reporting progress (throttled) and showing it in its process
    title (``scrinalia-runner: run 1a2b3c4d embedding batch 7/30``);
-5. sends its result (status, summary, error, metrics) and exits. It never writes the run's row: the
+4. sends its result (status, summary, error, metrics) and exits. It never writes the run's row: the
    parent writes the terminal status, fenced. A crash sends nothing; the parent reads the exit status.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
-import dataclasses
 import faulthandler
 import importlib
 import math
@@ -33,10 +31,9 @@ import traceback
 from typing import Any, NoReturn
 
 from runner import procinfo, wire
-from runner.outcome import ERROR_MAX
+from runner.outcome import ERROR_MAX, format_error
 
 PR_SET_PDEATHSIG = 1
-EXIT_STOPPED = 75    # the parent said "stop" (record_start touched no row): nothing was written
 EXIT_ORPHANED = 76   # the parent was already gone at start, or went away
 EXIT_INTERNAL = 70   # the child's own machinery failed
 PROGRESS_INTERVAL = 0.1
@@ -146,17 +143,6 @@ class ParentLink:
             return f"batch {batch}{of}"
         return f"{done}{'/' + str(total) if isinstance(total, int) else ''} {p.get('unit') or 'units'}"
 
-    def wait_for_start(self) -> bool:
-        """Block until the parent says start (True) or stop (False)."""
-        while True:
-            kind, _ = wire.recv(self.sock)
-            if kind == "start":
-                return True
-            if kind == "stop":
-                return False
-            if kind == "cancel":
-                self._cancel.set()
-
     def watch_parent(self) -> None:
         threading.Thread(target=self._watch, name="parent-watch", daemon=True).start()
 
@@ -169,8 +155,6 @@ class ParentLink:
                 return
             if kind == "cancel":
                 self._cancel.set()
-            elif kind == "stop":
-                os._exit(EXIT_STOPPED)
 
     @staticmethod
     def _parent_gone() -> NoReturn:
@@ -182,16 +166,6 @@ class ParentLink:
 
 
 # --- errors --------------------------------------------------------------------------------------
-
-
-def format_error(exc: BaseException) -> str:
-    """``ExceptionClass: message`` on the first line (the fingerprint), then the traceback's tail."""
-    message = str(exc).strip().splitlines()
-    head = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
-    head = head[:500]
-    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    room = ERROR_MAX - len(head) - 1
-    return head if room <= 0 else f"{head}\n{trace[-room:]}"
 
 
 def _metrics(started: float | None, done: int) -> dict[str, Any]:
@@ -220,12 +194,6 @@ def _json_safe(value: Any) -> Any:
     import json
 
     return None if value is None else json.loads(json.dumps(value, default=str))
-
-
-def _resolved_payload(resolved: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(resolved):
-        return _json_safe(dataclasses.asdict(resolved))
-    return _json_safe(dict(vars(resolved)))
 
 
 # --- the entry point -----------------------------------------------------------------------------
@@ -263,13 +231,7 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
 
     from scrinalia.db.engine import ServerFacts, create_engine_from_url
     from scrinalia.domains.archive.errors import InvalidRunRequest
-    from scrinalia.domains.archive.workers.sdk import (
-        DatabaseLayer,
-        LeaseLost,
-        PersistedSettings,
-        RunCancelled,
-        RunContext,
-    )
+    from scrinalia.domains.archive.workers.sdk import LeaseLost, RunCancelled, RunContext
 
     if catalogue is None:
         preload_modules(assign.get("preload") or ())
@@ -278,8 +240,8 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
         catalogue = load_catalogue()
 
     def fail(error: str) -> int:
-        # Only configuration reaches here (an unknown worker, a request the resolver refuses): a retry
-        # would fail the same way, so the outcome says so (exit_reason "configuration", never retried).
+        # Only configuration reaches here (a worker this child's catalogue lacks, though the supervisor's
+        # has it): a retry would fail the same way (exit_reason "configuration", never retried).
         link.send("result", {"status": "FAILED", "error": error[:ERROR_MAX], "reason": "configuration",
                              "metrics": _metrics(None, 0)})
         return 1
@@ -300,26 +262,10 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
         connect_args=assign.get("connect_args") or {},
         server_facts=ServerFacts.from_json(facts) if facts else None,
     )
-    # The supervisor read the worker's persisted settings (the resolver's database part) on its own warm
-    # connection; an LLM_CHECK worker still reads its rule here, at claim.
-    known = assign.get("persisted_settings")
-    layer = None
-    if known is not None and spec.engine_source != "llm_check_rule":
-        layer = DatabaseLayer(settings={run.worker_name: PersistedSettings.from_row(known["row"])})
-    try:
-        resolved = spec.resolve(engine, run.request or {}, layer=layer)
-    except Exception as exc:
-        return fail(format_error(exc))
-    link.batch_size = getattr(resolved, "db_batch_size", None)
-    link.send("resolved", _resolved_payload(resolved))
-    if not link.wait_for_start():
-        return EXIT_STOPPED
+    resolved = assign["config"]  # the supervisor's resolution, already in the row (record_start)
+    link.batch_size = resolved.db_batch_size
     link.watch_parent()
-
-    try:
-        ctx = RunContext(run, resolved, engine, link, spec=spec)
-    except TypeError:  # an SDK whose RunContext takes no spec
-        ctx = RunContext(run, resolved, engine, link)
+    ctx = RunContext(run, resolved, engine, link, spec=spec)
     status, result, error, reason = "SUCCESS", None, None, None
     started = None
     if link.cancel_requested():

@@ -241,6 +241,7 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
         devices=planner,
         control=control,
         wakeup=_wakeup(options, engine, capabilities, settings),
+        catalogue=catalogue,
     )
     try:
         sup.open()

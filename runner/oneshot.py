@@ -68,7 +68,8 @@ def run_once(
     try:
         revision = check_schema(engine)
         # The shared validation (the API's, the scheduler's): a refused request writes nothing.
-        clean = validate_run_request(load_catalogue(), engine, worker_name, request)
+        catalogue = load_catalogue()
+        clean = validate_run_request(catalogue, engine, worker_name, request)
         # A crashed earlier CLI run would hold the slot until its lease is expired: repair first.
         ledger.expire_leases(engine)
         sup = Supervisor(
@@ -81,6 +82,7 @@ def run_once(
             mode="oneshot",
             on_progress=(lambda child: on_progress(dict(child.progress or {}))) if on_progress else None,
             install_signals=handle_signals,
+            catalogue=catalogue,
         )
         sup.open()
         try:

@@ -8,6 +8,7 @@ traceback) comes after the first line.
 from __future__ import annotations
 
 import signal
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,16 @@ class Outcome:
     progress: dict[str, Any] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     write: bool = True  # False: the row is not ours (lease lost): write nothing
+
+
+def format_error(exc: BaseException) -> str:
+    """``ExceptionClass: message`` on the first line (the fingerprint), then the traceback's tail."""
+    message = str(exc).strip().splitlines()
+    head = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
+    head = head[:500]
+    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    room = ERROR_MAX - len(head) - 1
+    return head if room <= 0 else f"{head}\n{trace[-room:]}"
 
 
 def with_tail(head: str, tail: str) -> str:

@@ -5,13 +5,14 @@ it (a signal through the self-pipe, a child's message, an exit report, a control
 
     signals   TERM/INT: drain (a second one: stop now); the one-shot CLI: INT = cancel, again = kill
     fence     the lease could not be renewed in time: SIGKILL every child, claim nothing (self-fence)
-    children  messages: resolved -> record_start (fenced) -> "start"; progress; result
+    children  messages: started (ready time); progress; result
     exits     a child's exit -> its outcome -> ``finish`` (fenced); 0 rows -> the run was lost
     control   ``scrinalia-runner status`` over the unix socket
     heartbeat ONE statement per interval: the registry row + every RUNNING row of this runner
               (a row missing from its answer is lost: SIGKILL that child, write nothing more)
     deadlines --max-runtime, the cancel grace, the drain timeout, SIGTERM -> SIGKILL escalation
-    poll      claim while a slot is free, one child per claim; ``expire_leases`` on its own cadence
+    poll      claim while a slot is free; per claim: resolve, ``record_start`` (fenced), then the child,
+              which gets the resolved config with its assignment; ``expire_leases`` on its own cadence
               (at start, then every lease/4: it only has to be faster than the lease, not every poll)
 
 There are no threads writing to the ledger, no callbacks from signal handlers: a signal handler only
@@ -31,7 +32,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,12 +43,13 @@ from runner import procinfo, wire
 from runner.devices import Device, DevicePlanner, Placement, child_env
 from runner.launchers import ChildExit, Launcher, signal_name
 from runner.options import RunnerOptions
-from runner.outcome import Outcome, decide
+from runner.outcome import Outcome, decide, format_error
 
 from scrinalia.db.engine import ServerFacts
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.worker_settings import get_settings
+from scrinalia.domains.archive.workers.sdk import DatabaseLayer, PersistedSettings, ResolvedConfig
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -61,6 +63,10 @@ class DatabaseDown(Exception):
     """A ledger statement failed; the loop goes on and retries."""
 
 
+class ConfigurationError(Exception):
+    """The claimed run's request does not resolve here: FAILED ``configuration``, never retried."""
+
+
 @dataclass(eq=False)
 class Child:
     """One entry of the supervisor's table: a claimed run and the process that runs it."""
@@ -71,7 +77,6 @@ class Child:
     output_fd: int | None
     claimed_at: float                    # CLOCK_MONOTONIC, just after the claim returned
     ready_at: float | None = None        # the worker's code started (the child's CLOCK_MONOTONIC)
-    resolved: dict[str, Any] | None = None  # waiting for record_start
     progress: dict[str, Any] | None = None
     progress_written: dict[str, Any] | None = None  # what record_progress last wrote for it
     result: dict[str, Any] | None = None
@@ -148,6 +153,7 @@ class Supervisor:
         wakeup: Any = None,
         on_progress: Callable[[Child], None] | None = None,
         install_signals: bool = True,
+        catalogue: Mapping[str, Any] | None = None,
     ) -> None:
         if mode not in ("daemon", "oneshot"):
             raise ValueError(mode)
@@ -167,8 +173,10 @@ class Supervisor:
         self.wakeup = wakeup  # runner.wakeup.Wakeup: claim on the ledger's notification (None: poll only)
         self.on_progress = on_progress
         self.install_signals = install_signals
+        self.catalogue = catalogue  # the workers this runner resolves at claim (None: loaded when first needed)
 
         self.children: dict[int, Child] = {}
+        self.unstarted: dict[uuid.UUID, tuple[WorkerRun, float]] = {}  # claimed; record_start waits for the database
         self.finished: dict[uuid.UUID, WorkerRun | None] = {}
         self.pending_finishes: list[tuple[WorkerRun, Outcome]] = []
         self.abandoned: dict[uuid.UUID, tuple[WorkerRun, str]] = {}
@@ -257,7 +265,7 @@ class Supervisor:
 
     def adopt(self, run: WorkerRun) -> Child | None:
         """Start a child for a run this runner already holds (the one-shot CLI's own RUNNING row)."""
-        return self._start_child(run)
+        return self._begin(run, time.monotonic())
 
     # --- the loop ------------------------------------------------------------------------------------
 
@@ -268,7 +276,7 @@ class Supervisor:
             return False
         # Drained (or the one-shot's run ended): flush the finishes that could not be written and settle
         # the abandoned runs, unless the leases are over anyway (whoever expires them closes them).
-        if not self.pending_finishes and not self.abandoned:
+        if not self.pending_finishes and not self.abandoned and not self.unstarted:
             return True
         return self._lease_margin() < 0
 
@@ -308,7 +316,7 @@ class Supervisor:
             moments.append(self.next_progress)
         for child in self.children.values():
             moments.extend(at for at, _ in self._child_deadlines(child))
-        if self.pending_finishes and self.db_state == "ok":
+        if (self.pending_finishes or self.unstarted) and self.db_state == "ok":
             moments.append(now)
         return max(0.0, min(moments) - now)
 
@@ -444,15 +452,18 @@ class Supervisor:
         try:
             result = fn(self.engine, *args, **kwargs)
         except SQLAlchemyError as exc:
-            if self.db_state != "unreachable":
-                log.error("database: %s failed: %s", what, _brief(exc))
-            self.db_state = "unreachable"
-            self.db_error = type(getattr(exc, "orig", None) or exc).__name__
+            self._db_failed(what, exc)
             raise DatabaseDown(what) from None
         if self.db_state == "unreachable":
             log.warning("database: answers again (%s)", what)
         self.db_state, self.db_error = "ok", None
         return result
+
+    def _db_failed(self, what: str, exc: SQLAlchemyError) -> None:
+        if self.db_state != "unreachable":
+            log.error("database: %s failed: %s", what, _brief(exc))
+        self.db_state = "unreachable"
+        self.db_error = type(getattr(exc, "orig", None) or exc).__name__
 
     def _expire_leases(self) -> None:
         self.next_expiry = time.monotonic() + self.options.expiry_seconds
@@ -502,6 +513,11 @@ class Supervisor:
                 self._lose(child, "its row was not renewed by the heartbeat (expired or taken by another runner)")
             elif beat.held[child.run.run_id] is not None and child.cancel_sent_at is None:
                 self._request_cancel(child, "cancel requested")
+        for run_id, (run, _) in list(self.unstarted.items()):
+            if run_id not in beat.held:
+                del self.unstarted[run_id]
+                self.counters["lost"] += 1
+                log.error("run %s (%s) lost before its child started; nothing written", run_id, run.worker_name)
         for run_id, (run, error) in list(self.abandoned.items()):
             del self.abandoned[run_id]
             if run_id in beat.held:
@@ -592,7 +608,7 @@ class Supervisor:
             and not self.fenced
             and self.db_state == "ok"
             and self.launcher.healthy()
-            and len(self.children) < self.options.concurrency
+            and len(self.children) + len(self.unstarted) < self.options.concurrency
         )
 
     def _poll(self) -> None:
@@ -614,7 +630,7 @@ class Supervisor:
             if run is None:
                 return
             self.counters["claimed"] += 1
-            self._start_child(run)
+            self._begin(run, time.monotonic())
 
     def _placements(self) -> list[Placement]:
         return [Placement(c.device.key, c.gpu_need_bytes, c.gpu_bytes) for c in self.children.values()
@@ -638,8 +654,63 @@ class Supervisor:
             return self.capabilities
         return self.devices.claimable(self.capabilities, self._placements())
 
-    def _start_child(self, run: WorkerRun) -> Child | None:
-        claimed_at = time.monotonic()
+    def _begin(self, run: WorkerRun, claimed_at: float) -> Child | None:
+        """Resolve the claimed run, write ``record_start``, then start its child with the resolved config.
+
+        The row says what runs before any of the worker's code does; a request that does not resolve ends
+        FAILED ``configuration`` without a child; a database that does not answer keeps the run unstarted
+        (its lease is renewed by the heartbeat) until a later tick retries."""
+        try:
+            resolved = self._resolve(run)
+        except DatabaseDown:
+            self.unstarted[run.run_id] = (run, claimed_at)
+            return None
+        except ConfigurationError as exc:
+            log.error("run %s (%s): %s", run.run_id, run.worker_name, str(exc).splitlines()[0])
+            self._finish(run, Outcome(status="FAILED", exit_reason="configuration", error=str(exc)))
+            return None
+        config = dict(resolved.config)
+        for key in ("db_batch_size", "engine_options", "sources"):
+            config.setdefault(key, getattr(resolved, key))
+        try:
+            held = self._db(
+                "record_start", ledger.record_start, run.run_id, self.runner_id, engine_name=resolved.engine_name,
+                preset=resolved.preset, config=config, options=resolved.options,
+            )
+        except DatabaseDown:
+            self.unstarted[run.run_id] = (run, claimed_at)
+            return None
+        if not held:
+            self.counters["lost"] += 1
+            log.error("run %s (%s) lost: record_start touched no row; no child started", run.run_id,
+                      run.worker_name)
+            return None
+        return self._spawn(run, resolved, claimed_at)
+
+    def _resolve(self, run: WorkerRun) -> ResolvedConfig:
+        """The run's effective configuration, resolved here, once (resolvers import no engine: the guard
+        holds in this process). Raises ``ConfigurationError`` or ``DatabaseDown``."""
+        if self.catalogue is None:
+            from scrinalia.domains.archive.workers.plugins import load_catalogue
+
+            self.catalogue = load_catalogue()
+        spec = self.catalogue.get(run.worker_name)
+        if spec is None:
+            raise ConfigurationError(f"UnknownWorker: no worker named {run.worker_name!r} in this runner's catalogue")
+        layer = None
+        if spec.resolver is None and spec.engine_source != "llm_check_rule":
+            # The settings on the warm connection, so the resolver reads nothing more (decision 0074).
+            row = self._db("settings", get_settings, run.worker_name)
+            layer = DatabaseLayer(settings={run.worker_name: PersistedSettings.from_row(row)})
+        try:
+            return spec.resolve(self.engine, run.request or {}, layer=layer)
+        except SQLAlchemyError as exc:
+            self._db_failed("resolve", exc)
+            raise DatabaseDown("resolve") from None
+        except Exception as exc:
+            raise ConfigurationError(format_error(exc)) from None
+
+    def _spawn(self, run: WorkerRun, resolved: ResolvedConfig, claimed_at: float) -> Child | None:
         device = self.devices.place(run.worker_name, self._placements()) if self.devices is not None else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -660,19 +731,16 @@ class Supervisor:
                       oom_kills_at_start=procinfo.oom_kill_counter(), device=device,
                       gpu_need_bytes=self.devices.need(run.worker_name).memory_bytes if device is not None else None)
         self.children[pid] = child
-        persisted = self._persisted_settings(run.worker_name)  # while the child starts
         try:
             facts = ServerFacts.of(self.engine)
             wire.send(ours, "assign", {
                 "run": run,
+                "config": resolved,
                 "env": child_env(device) if self.devices is not None else {},
                 "database_url": self.database_url,
                 "connect_args": self.child_connect_args,
                 # What the child's engine would otherwise ask its first connection (decision 0073).
                 "server_facts": facts.to_json() if facts is not None else None,
-                # The resolver's read, made here on a warm connection: a child that never touches the
-                # database beyond it opens no session at all (decision 0074). None: the child reads it.
-                "persisted_settings": persisted,
                 "preload": list(self.launcher.child_preload),
             })
         except OSError as exc:
@@ -681,13 +749,6 @@ class Supervisor:
         log.info("run %s (%s) -> child %d%s", run.run_id, run.worker_name, pid,
                  f" on GPU {device.key}" if device is not None else "")
         return child
-
-    def _persisted_settings(self, worker_name: str) -> dict[str, Any] | None:
-        """``{"row": the worker's archive_worker_settings row or None}``, or None when it could not be read."""
-        try:
-            return {"row": self._db("settings", get_settings, worker_name)}
-        except DatabaseDown:
-            return None
 
     def _send(self, child: Child, kind: str, payload: dict[str, Any] | None = None) -> None:
         try:
@@ -712,10 +773,7 @@ class Supervisor:
             self._on_message(child, kind, payload)
 
     def _on_message(self, child: Child, kind: str, payload: dict[str, Any]) -> None:
-        if kind == "resolved":
-            child.resolved = payload
-            self._record_start(child)
-        elif kind == "started":
+        if kind == "started":
             child.ready_at = float(payload["t"])
             latency = (child.ready_at - child.claimed_at) * 1000
             log.info("run %s: worker %s running in child %d (%.0f ms after the claim)",
@@ -729,28 +787,6 @@ class Supervisor:
             child.result_at = time.monotonic()
             if payload.get("progress"):
                 child.progress = payload["progress"]
-
-    def _record_start(self, child: Child) -> None:
-        if child.lost or child.fenced or child.resolved is None:
-            return
-        resolved = child.resolved
-        config = dict(resolved.get("config") or {})
-        for key in ("db_batch_size", "engine_options", "sources"):
-            if key in resolved:
-                config.setdefault(key, resolved[key])
-        try:
-            held = self._db(
-                "record_start", ledger.record_start, child.run.run_id, self.runner_id,
-                engine_name=resolved.get("engine_name"), preset=resolved.get("preset"),
-                config=config, options=resolved.get("options") or {},
-            )
-        except DatabaseDown:
-            return  # retried by _retry_pending while child.resolved is set
-        child.resolved = None
-        if held:
-            self._send(child, "start")
-        else:
-            self._lose(child, "record_start touched no row")
 
     def _read_output(self, child: Child) -> None:
         fd = child.output_fd
@@ -938,9 +974,9 @@ class Supervisor:
     def _retry_pending(self) -> None:
         if self.db_state != "ok":
             return
-        for child in list(self.children.values()):
-            if child.resolved is not None:
-                self._record_start(child)
+        for run, claimed_at in list(self.unstarted.values()):
+            del self.unstarted[run.run_id]
+            self._begin(run, claimed_at)
         pending, self.pending_finishes = self.pending_finishes, []
         for run, outcome in pending:
             self._finish(run, outcome)

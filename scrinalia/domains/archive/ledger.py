@@ -331,7 +331,8 @@ def record_start(
     config: Mapping[str, Any] | None,
     options: Mapping[str, Any] | None,
 ) -> bool:
-    """Write what actually runs (re-resolved at claim: the truth, next to the request's promise).
+    """Write what actually runs (resolved at claim by the supervisor, before the child starts: the truth,
+    next to the request's promise).
 
     Returns False when the row is not this runner's RUNNING row any more (the run was lost).
     """

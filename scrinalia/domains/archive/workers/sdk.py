@@ -4,9 +4,11 @@ Contract between the runner (``runner/``) and the catalogue (``scrinalia.domains
 
 * the runner finds workers through the plugin registry (``plugins.load_catalogue``: the entry-point
   group ``scrinalia.workers``, each entry point naming a ``WorkerSpec``);
-* at claim the child re-resolves the request with ``spec.resolve(engine, request)`` (explicit > persisted
-  ``archive_worker_settings`` row > signature default) and the ledger's ``record_start`` writes what it
-  returns (``ResolvedConfig``: engine_name, preset, options, config);
+* at claim the runner's supervisor resolves the request once with ``spec.resolve(engine, request)``
+  (explicit > persisted ``archive_worker_settings`` row > signature default; a resolver imports no
+  engine: it runs in the supervisor, which never imports torch), the ledger's ``record_start`` writes
+  what it returns (``ResolvedConfig``: engine_name, preset, options, config), then the child starts
+  with that ``ResolvedConfig`` in its assignment;
 * the child builds a ``RunContext(run, config, engine, channel)`` and calls ``spec.run(ctx)``; the
   worker's summary (a JSON object, also kept in ``ctx.result`` after every committed batch) is the run's
   ``result``. ``RunCancelled`` ends the run CANCELLED (``ctx.result`` holds what was committed),
