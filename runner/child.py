@@ -31,7 +31,7 @@ import traceback
 from typing import Any, NoReturn
 
 from runner import procinfo, wire
-from runner.outcome import ERROR_MAX, format_error
+from runner.outcome import fit_error, format_error
 
 PR_SET_PDEATHSIG = 1
 EXIT_ORPHANED = 76   # the parent was already gone at start, or went away
@@ -242,13 +242,13 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     def fail(error: str) -> int:
         # Only configuration reaches here (a worker this child's catalogue lacks, though the supervisor's
         # has it): a retry would fail the same way (exit_reason "configuration", never retried).
-        link.send("result", {"status": "FAILED", "error": error[:ERROR_MAX], "reason": "configuration",
+        link.send("result", {"status": "FAILED", "error": error, "reason": "configuration",
                              "metrics": _metrics(None, 0)})
         return 1
 
     spec = catalogue.get(run.worker_name)
     if spec is None:
-        return fail(f"UnknownWorker: no worker named {run.worker_name!r} in this runner's catalogue")
+        return fail(fit_error(f"UnknownWorker: no worker named {run.worker_name!r} in this child's catalogue"))
 
     # The engine connects on the first statement only (a worker that never reads the database beyond
     # its settings opens one session), and its first connection asks the server nothing: the
@@ -266,7 +266,8 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     link.batch_size = resolved.db_batch_size
     link.watch_parent()
     ctx = RunContext(run, resolved, engine, link, spec=spec)
-    status, result, error, reason = "SUCCESS", None, None, None
+    status: str | None = "SUCCESS"
+    result, error, reason, lease_lost = None, None, None, False
     started = None
     if link.cancel_requested():
         status, result = "CANCELLED", {"done": 0, "cancelled": "before the worker started"}
@@ -281,7 +282,9 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
             status = "CANCELLED"
             result = {**ctx.result, "done": ctx.done, "cancelled": str(exc) or "at a batch boundary"}
         except LeaseLost as exc:
-            status, error = "LEASE_LOST", format_error(exc)
+            # Not a status: the row may not be ours any more. The supervisor writes nothing for it; its
+            # next heartbeat says whether the row is still held.
+            status, error, lease_lost = None, format_error(exc), True
         except BaseException as exc:  # a database error, KeyboardInterrupt, SystemExit too: the run failed
             status, error, result = "FAILED", format_error(exc), dict(ctx.result) or None
             if isinstance(exc, InvalidRunRequest):  # e.g. EngineUnavailable: no model where the options say
@@ -293,6 +296,7 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
             "result": _json_safe(result),
             "error": error,
             "reason": reason,
+            "lease_lost": lease_lost,
             "progress": link.progress,
             "metrics": _metrics(started, ctx.done),
         },

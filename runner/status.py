@@ -9,7 +9,7 @@ import json
 import os
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 # Field -> meaning. The tests check that the JSON has exactly these top-level fields.
@@ -59,19 +59,19 @@ def supervisor_status(sup: Any) -> dict[str, Any]:
         "hostname": sup.registration.hostname,
         "pid": os.getpid(),
         "version": sup.registration.package_version,
-        "started_at": datetime.fromtimestamp(sup.started_wall, timezone.utc).isoformat(),
-        "uptime_seconds": round(now - sup.started_mono, 3),
+        "started_at": datetime.fromtimestamp(sup.uptime.wall, UTC).isoformat(),
+        "uptime_seconds": round(now - sup.uptime.mono, 3),
         "state": sup.state,
-        "draining": sup.draining,
-        "drain_reason": sup.drain_reason,
-        "drain_deadline_seconds": round(max(0.0, sup.drain_deadline - now), 3)
-        if sup.draining and sup.drain_deadline is not None else None,
+        "draining": sup.drain.draining,
+        "drain_reason": sup.drain.reason,
+        "drain_deadline_seconds": round(max(0.0, sup.drain.deadline - now), 3)
+        if sup.drain.draining and sup.drain.deadline is not None else None,
         "database": {
-            "state": sup.db_state,
-            "error": sup.db_error,
-            "last_heartbeat_age_seconds": round(now - sup.last_heartbeat_ok, 3)
-            if sup.last_heartbeat_ok is not None else None,
-            "statements": dict(sup.statements),
+            "state": sup.db.state,
+            "error": sup.db.error,
+            "last_heartbeat_age_seconds": round(now - sup.lease.last_ok, 3)
+            if sup.lease.last_ok is not None else None,
+            "statements": dict(sup.db.statements),
         },
         "lease_margin_seconds": round(margin, 3) if margin != float("inf") else None,
         "fence_margin_seconds": round(sup.options.fence_margin, 3),
@@ -138,7 +138,8 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"  GPU {_device(d)}  {d.get('name') or ''}  {len(d['children'])}/{d['slots']} slots busy"
                      + (f"  {_bytes(d['memory_total_bytes'])}" if d.get("memory_total_bytes") else ""))
     if status["children"]:
-        header = f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} {'RSS':>10} {'GPU':>10}  DEVICE"
+        header = (f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} "
+                  f"{'RSS':>10} {'GPU':>10}  DEVICE")
         lines.append(header)
         for c in status["children"]:
             lines.append(

@@ -11,7 +11,9 @@ Parent <-> child (SOCK_STREAM):
                       ("cancel", {})           cancellation requested: stop at the next batch boundary
     child -> parent   ("started", {"t"})       the worker's code is about to run (CLOCK_MONOTONIC)
                       ("progress", {...})      done/total/unit (throttled)
-                      ("result", {...})        status, result, error, metrics; the child exits next
+                      ("result", {...})        status, result, error, reason, metrics; the child exits
+                                               next. ``lease_lost`` True (status None): RunContext.commit
+                                               found the lease gone; the supervisor writes nothing
 """
 from __future__ import annotations
 

@@ -31,7 +31,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.types import Text
 
 from scrinalia.db.engine import one_statement
-from scrinalia.db.tables import ERROR_MAX, EXIT_REASONS, RUN_TRIGGERS, TERMINAL_STATUSES, WORKER_NAME_MAX
+from scrinalia.db.tables import (
+    ERROR_MAX,
+    EXIT_REASONS,
+    RUN_TRIGGERS,
+    SQL_DECIDED_EXIT_REASONS,
+    TERMINAL_STATUSES,
+    WORKER_NAME_MAX,
+)
 from scrinalia.domains.archive.errors import (
     InvalidRunRequest,
     RunAlreadyFinished,
@@ -509,7 +516,7 @@ _REQUEST_CANCEL = text(
            status = CASE WHEN status = 'QUEUED' THEN 'CANCELLED'::worker_run_status ELSE status END,
            finished_at = CASE WHEN status = 'QUEUED' THEN now() ELSE finished_at END,
            duration_ms = CASE WHEN status = 'QUEUED' THEN 0 ELSE duration_ms END,
-           exit_reason = CASE WHEN status = 'QUEUED' THEN 'cancelled' ELSE exit_reason END
+           exit_reason = CASE WHEN status = 'QUEUED' THEN '{SQL_DECIDED_EXIT_REASONS['request_cancel']}' ELSE exit_reason END
      WHERE run_id = :run_id AND status IN ('QUEUED', 'RUNNING')
     RETURNING {RUN_COLUMNS}
     """
