@@ -247,3 +247,15 @@ def run_first_look(ctx: RunContext) -> dict[str, Any]:
 
 
 ALL.append(_spec("first-look", run_first_look, resolver=resolve_where))
+
+
+def run_late_result(ctx: RunContext) -> dict[str, Any] | None:
+    """The child exits at once without a result; a process it forked still holds the channel and sends
+    the run's result a moment later (what the child's channel says, the finisher reads)."""
+    if os.fork() == 0:
+        time.sleep(float(_opt(ctx, "delay", 0.5)))
+        return {"late": True}  # the forked process returns into child_main, which sends the result
+    os._exit(0)
+
+
+ALL.append(_spec("late-result", run_late_result))
