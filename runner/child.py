@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import faulthandler
 import importlib
 import math
@@ -215,6 +216,17 @@ def child_main(channel: socket.socket, *, catalogue: dict | None = None) -> NoRe
             os._exit(code)
 
 
+@dataclasses.dataclass(slots=True)
+class Ending:
+    """How the worker ended, as the child reports it (``("result", ...)``)."""
+
+    status: str | None = "SUCCESS"  # SUCCESS | FAILED | CANCELLED; None with lease_lost
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    reason: str | None = None       # "configuration": never retried
+    lease_lost: bool = False        # RunContext.commit found the lease gone: not a status, nothing is written
+
+
 def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     try:
         kind, assign = wire.recv(channel)
@@ -228,33 +240,47 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     os.environ.update(assign.get("env") or {})
     link = ParentLink(channel, run)
     link.retitle("starting")
-
-    from scrinalia.db.engine import ServerFacts, create_engine_from_url
-    from scrinalia.domains.archive.errors import InvalidRunRequest
-    from scrinalia.domains.archive.workers.sdk import LeaseLost, RunCancelled, RunContext
-
     if catalogue is None:
         preload_modules(assign.get("preload") or ())
         from scrinalia.domains.archive.workers.plugins import load_catalogue
 
         catalogue = load_catalogue()
-
-    def fail(error: str) -> int:
-        # Only configuration reaches here (a worker this child's catalogue lacks, though the supervisor's
-        # has it): a retry would fail the same way (exit_reason "configuration", never retried).
-        link.send("result", {"status": "FAILED", "error": error, "reason": "configuration",
-                             "metrics": _metrics(None, 0)})
-        return 1
-
     spec = catalogue.get(run.worker_name)
     if spec is None:
-        return fail(fit_error(f"UnknownWorker: no worker named {run.worker_name!r} in this child's catalogue"))
+        # The supervisor's catalogue has it, this child's does not (a fork server whose catalogue did
+        # not load): a retry would fail the same way (exit_reason "configuration", never retried).
+        error = fit_error(f"UnknownWorker: no worker named {run.worker_name!r} in this child's catalogue")
+        _report(link, Ending(status="FAILED", error=error, reason="configuration"), None, 0)
+        return 1
 
-    # The engine connects on the first statement only (a worker that never reads the database beyond
-    # its settings opens one session), and its first connection asks the server nothing: the
-    # supervisor passed what the dialect would ask (ServerFacts).
+    from scrinalia.domains.archive.workers.sdk import RunContext
+
+    engine = _engine(assign)
+    resolved = assign["config"]  # the supervisor's resolution, already in the row (record_start)
+    link.batch_size = resolved.db_batch_size
+    link.watch_parent()
+    ctx = RunContext(run, resolved, engine, link, spec=spec)
+    started = None
+    if link.cancel_requested():
+        ending = Ending(status="CANCELLED", result={"done": 0, "cancelled": "before the worker started"})
+    else:
+        link.retitle("running")
+        started = time.monotonic()
+        link.send("started", {"t": started})
+        ending = _run_worker(spec, ctx)
+    _report(link, ending, started, ctx.done)
+    engine.dispose()
+    return 0 if ending.status in ("SUCCESS", "CANCELLED") else 1
+
+
+def _engine(assign: dict[str, Any]) -> Any:
+    """The child's engine. It connects on the first statement only (a worker that never reads the
+    database opens no session), and its first connection asks the server nothing: the supervisor passed
+    what the dialect would ask (ServerFacts, decision 0073)."""
+    from scrinalia.db.engine import ServerFacts, create_engine_from_url
+
     facts = assign.get("server_facts")
-    engine = create_engine_from_url(
+    return create_engine_from_url(
         assign["database_url"],
         application_name="scrinalia-runner-child",
         pool_size=2,
@@ -262,47 +288,38 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
         connect_args=assign.get("connect_args") or {},
         server_facts=ServerFacts.from_json(facts) if facts else None,
     )
-    resolved = assign["config"]  # the supervisor's resolution, already in the row (record_start)
-    link.batch_size = resolved.db_batch_size
-    link.watch_parent()
-    ctx = RunContext(run, resolved, engine, link, spec=spec)
-    status: str | None = "SUCCESS"
-    result, error, reason, lease_lost = None, None, None, False
-    started = None
-    if link.cancel_requested():
-        status, result = "CANCELLED", {"done": 0, "cancelled": "before the worker started"}
-    else:
-        link.retitle("running")
-        started = time.monotonic()
-        link.send("started", {"t": started})
-        try:
-            out = spec.run(ctx)
-            result = dict(out) if out is not None else dict(ctx.result)
-        except RunCancelled as exc:
-            status = "CANCELLED"
-            result = {**ctx.result, "done": ctx.done, "cancelled": str(exc) or "at a batch boundary"}
-        except LeaseLost as exc:
-            # Not a status: the row may not be ours any more. The supervisor writes nothing for it; its
-            # next heartbeat says whether the row is still held.
-            status, error, lease_lost = None, format_error(exc), True
-        except BaseException as exc:  # a database error, KeyboardInterrupt, SystemExit too: the run failed
-            status, error, result = "FAILED", format_error(exc), dict(ctx.result) or None
-            if isinstance(exc, InvalidRunRequest):  # e.g. EngineUnavailable: no model where the options say
-                reason = "configuration"
-    link.send(
-        "result",
-        {
-            "status": status,
-            "result": _json_safe(result),
-            "error": error,
-            "reason": reason,
-            "lease_lost": lease_lost,
-            "progress": link.progress,
-            "metrics": _metrics(started, ctx.done),
-        },
-    )
-    engine.dispose()
-    return 0 if status in ("SUCCESS", "CANCELLED") else 1
+
+
+def _run_worker(spec: Any, ctx: Any) -> Ending:
+    from scrinalia.domains.archive.errors import InvalidRunRequest
+    from scrinalia.domains.archive.workers.sdk import LeaseLost, RunCancelled
+
+    try:
+        out = spec.run(ctx)
+        return Ending(result=dict(out) if out is not None else dict(ctx.result))
+    except RunCancelled as exc:
+        return Ending(status="CANCELLED",
+                      result={**ctx.result, "done": ctx.done, "cancelled": str(exc) or "at a batch boundary"})
+    except LeaseLost as exc:
+        # Not a status: the row may not be ours any more. The supervisor writes nothing for it; its next
+        # heartbeat says whether the row is still held.
+        return Ending(status=None, error=format_error(exc), lease_lost=True)
+    except BaseException as exc:  # a database error, KeyboardInterrupt, SystemExit too: the run failed
+        # An InvalidRunRequest (e.g. EngineUnavailable: no model where the options say) is configuration.
+        return Ending(status="FAILED", error=format_error(exc), result=dict(ctx.result) or None,
+                      reason="configuration" if isinstance(exc, InvalidRunRequest) else None)
+
+
+def _report(link: ParentLink, ending: Ending, started: float | None, done: int) -> None:
+    link.send("result", {
+        "status": ending.status,
+        "result": _json_safe(ending.result),
+        "error": ending.error,
+        "reason": ending.reason,
+        "lease_lost": ending.lease_lost,
+        "progress": link.progress,
+        "metrics": _metrics(started, done),
+    })
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

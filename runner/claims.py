@@ -56,6 +56,10 @@ class Claims(SupervisorBase):
             self._expire_leases()
         if self.services.devices is not None and self.services.devices.devices and self.children:
             self._sample_resources()  # the memory rule reads what the children use now
+        self._claim_while_free()
+
+    def _claim_while_free(self) -> None:
+        """One claim per free slot, each one statement; the first empty answer ends the round."""
         while self._may_claim():
             capabilities = self._claimable()
             if not capabilities:

@@ -37,9 +37,7 @@ class LeaseKeeping(SupervisorBase):
     def _heartbeat(self) -> None:
         sent = time.monotonic()
         self._sample_resources()
-        live = [c for c in self.children.values() if c.state.phase is not Phase.LOST]
-        progress = {c.run.run_id: c.progress for c in live if c.progress}
-        snapshot = [c.snapshot(sent) for c in live]
+        progress, snapshot = self._beat_payload(sent)
         try:
             # An unchanged snapshot (an idle runner's []) is not sent: the row keeps the one it has.
             beat = self.db.call(
@@ -49,6 +47,19 @@ class LeaseKeeping(SupervisorBase):
         except DatabaseDown:
             self.timers.heartbeat = sent + min(1.0, self.options.heartbeat_seconds)
             return
+        self._renewed(beat, sent, snapshot)
+        if not beat.registry_renewed:
+            log.error("the registry row %s is gone; runs stay fenced by runner_id", self.runner_id)
+        self._apply_held(beat.held)
+        if beat.drain_requested_at is not None and not self.drain.draining:
+            self.begin_drain("drain requested in the registry")
+
+    def _beat_payload(self, now: float) -> tuple[dict[uuid.UUID, Any], list[dict[str, Any]]]:
+        """The progress of every child whose row is still ours, and the registry's snapshot of them."""
+        live = [c for c in self.children.values() if c.state.phase is not Phase.LOST]
+        return {c.run.run_id: c.progress for c in live if c.progress}, [c.snapshot(now) for c in live]
+
+    def _renewed(self, beat: Any, sent: float, snapshot: list[dict[str, Any]]) -> None:
         self.lease.last_children = snapshot
         self.timers.heartbeat = sent + self.options.heartbeat_seconds
         self.lease.last_ok = sent
@@ -57,11 +68,6 @@ class LeaseKeeping(SupervisorBase):
         if self.lease.fenced:
             log.warning("the database answers again: claiming resumes")
             self.lease.fenced = False
-        if not beat.registry_renewed:
-            log.error("the registry row %s is gone; runs stay fenced by runner_id", self.runner_id)
-        self._apply_held(beat.held)
-        if beat.drain_requested_at is not None and not self.drain.draining:
-            self.begin_drain("drain requested in the registry")
 
     def _apply_held(self, held: dict[uuid.UUID, Any]) -> None:
         """The rows the heartbeat renewed (with their cancel requests): lose the others, hand the

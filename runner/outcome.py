@@ -183,6 +183,11 @@ def _died(out: Outcome, worker: str, exit: ChildExit, signals_sent: set[int] | f
                           f"(the kernel's OOM killer is the usual sender; {why})", tail)
 
 
+def _failed_on_its_own(out: Outcome, exit: ChildExit) -> bool:
+    """FAILED by an exception or a signal, never a SIGKILL (the OOM killer's, an operator's: never CUDA's)."""
+    return out.status == "FAILED" and out.exit_reason in (R.EXCEPTION, R.SIGNAL) and exit.signal != signal.SIGKILL
+
+
 def name_cuda_failure(out: Outcome, exit: ChildExit, stderr_tail: str) -> Outcome:
     """A FAILED run whose error (or, for a child that died without a result, whose output tail) shows a
     CUDA error becomes ``cuda-error`` / ``cuda-oom``, and its error's first line the stable name of that
@@ -190,8 +195,8 @@ def name_cuda_failure(out: Outcome, exit: ChildExit, stderr_tail: str) -> Outcom
 
     Only runs that failed on their own: a timeout, a cancel or a stop keeps the supervisor's reason, and
     a SIGKILL (``oom`` or ``PossibleOOMKill``: host memory) stays that, even if the output mentions CUDA."""
-    if out.status != "FAILED" or out.exit_reason not in (R.EXCEPTION, R.SIGNAL) or exit.signal == signal.SIGKILL:
-        return out  # SIGKILL: someone else's (the OOM killer's, an operator's), never CUDA's
+    if not _failed_on_its_own(out, exit):
+        return out
     died = out.exit_reason == R.SIGNAL or out.error is None or out.error.startswith("ChildExited:")
     failure = classify_cuda(out.error, stderr_tail if died else None)
     if failure is None:

@@ -189,23 +189,26 @@ class RunState:
     def deadlines(self, timing: Timing) -> list[tuple[float, Due]]:
         """What falls due for this run, and when. One list for both ends, so that the loop never sleeps
         until a moment at which it then does nothing (a deadline in the past would spin it)."""
-        if self.phase in (Phase.LOST, Phase.FENCED, Phase.ENDED):
-            if self.exit_at is not None and not self.channel_closed:
-                return [(self.exit_at + EOF_GRACE, Due(None, None))]  # stop waiting for the channel's EOF
-            return []  # SIGKILLed already: only its exit is awaited
         due: list[tuple[float, Due]] = []
         if self.exit_at is not None and not self.channel_closed:
-            due.append((self.exit_at + EOF_GRACE, Due(None, None)))
+            due.append((self.exit_at + EOF_GRACE, Due(None, None)))  # stop waiting for the channel's EOF
+        if self.phase in (Phase.LOST, Phase.FENCED, Phase.ENDED):
+            return due  # SIGKILLed already: only its exit (and its channel's end) is awaited
         if self.kill_reason is None and self.result is None:
-            if timing.max_runtime:
-                due.append((self.claimed_at + timing.max_runtime, Due(signal.SIGKILL, outcome.TIMEOUT)))
-            if self.cancel_sent_at is not None:
-                due.append((self.cancel_sent_at + timing.cancel_grace, Due(signal.SIGTERM, outcome.CANCEL_FORCED)))
-            if timing.drain_deadline is not None:
-                due.append((timing.drain_deadline, Due(signal.SIGTERM, outcome.RUNNER_STOPPED)))
+            due.extend(self._stop_deadlines(timing))
         if signal.SIGKILL not in self.signals_sent and self.exit is None:
             # SIGTERM was not enough; or the child sent its result but does not exit.
-            for since in (self.term_sent_at, self.result_at):
-                if since is not None:
-                    due.append((since + timing.kill_grace, Due(signal.SIGKILL, None)))
+            due.extend((since + timing.kill_grace, Due(signal.SIGKILL, None))
+                       for since in (self.term_sent_at, self.result_at) if since is not None)
+        return due
+
+    def _stop_deadlines(self, timing: Timing) -> list[tuple[float, Due]]:
+        """The supervisor's reasons to stop a child that is still working."""
+        due: list[tuple[float, Due]] = []
+        if timing.max_runtime:
+            due.append((self.claimed_at + timing.max_runtime, Due(signal.SIGKILL, outcome.TIMEOUT)))
+        if self.cancel_sent_at is not None:
+            due.append((self.cancel_sent_at + timing.cancel_grace, Due(signal.SIGTERM, outcome.CANCEL_FORCED)))
+        if timing.drain_deadline is not None:
+            due.append((timing.drain_deadline, Due(signal.SIGTERM, outcome.RUNNER_STOPPED)))
         return due

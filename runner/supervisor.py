@@ -204,37 +204,43 @@ class Supervisor(Tending, Claims, LeaseKeeping):
 
     def _timeout(self) -> float:
         now = time.monotonic()
-        moments = [self.timers.heartbeat, now + MAX_SELECT_WAIT]
+        moments = [self.timers.heartbeat, now + MAX_SELECT_WAIT, *self._service_moments(), *self._run_moments()]
         if self.mode == "daemon" and not self.drain.draining:
             moments.append(self.timers.poll)
         if self.lease.deadline is not None and self.children:
             moments.append(self.lease.deadline - self.options.fence_margin)
-        notifier, wakeup = self.services.notifier, self.services.wakeup
-        if notifier is not None and notifier.watchdog_interval:
-            moments.append(self.timers.watchdog)
-        if wakeup is not None:
-            moments.append(wakeup.due_at())
-        if not self.db.unreachable and self._progress_to_write():
-            moments.append(self.timers.progress)
-        for child in self.children.values():
-            moments.extend(at for at, _ in self._child_deadlines(child))
         if (self.finisher.pending or self.unstarted) and self.db.ok:
             moments.append(now)
         return max(0.0, min(moments) - now)
 
-    def _wait(self, timeout: float) -> None:
-        fds: list[Any] = [self.signals.read_fd] if self.signals.read_fd is not None else []
-        exit_fds = self.launcher.wait_fds()
-        fds.extend(exit_fds)
+    def _run_moments(self) -> list[float]:
+        """The children's deadlines, and the next progress statement when there is progress to write."""
+        moments = [at for child in self.children.values() for at, _ in self._child_deadlines(child)]
+        if not self.db.unreachable and self._progress_to_write():
+            moments.append(self.timers.progress)
+        return moments
+
+    def _service_moments(self) -> list[float]:
+        notifier, wakeup = self.services.notifier, self.services.wakeup
+        moments = []
+        if notifier is not None and notifier.watchdog_interval:
+            moments.append(self.timers.watchdog)
+        if wakeup is not None:
+            moments.append(wakeup.due_at())
+        return moments
+
+    def _readable(self) -> list[Any]:
+        """Everything that can wake the loop: the self-pipe, exit reports, the children's channels and
+        output, the control socket, the LISTEN connection."""
+        fds: list[Any] = [self.signals.read_fd, *self.launcher.wait_fds()]
         for child in self.children.values():
-            if not child.reader.eof:
-                fds.append(child.channel)
-            if child.output.fd is not None:
-                fds.append(child.output.fd)
-        for service in (self.services.control, self.services.wakeup):
-            if service is not None and service.fileno() is not None:
-                fds.append(service.fileno())
-        if not exit_fds and self.children:
+            fds += [None if child.reader.eof else child.channel, child.output.fd]
+        fds += [s.fileno() for s in (self.services.control, self.services.wakeup) if s is not None]
+        return [fd for fd in fds if fd is not None]
+
+    def _wait(self, timeout: float) -> None:
+        fds = self._readable()
+        if not self.launcher.wait_fds() and self.children:
             timeout = min(timeout, 0.1)  # no pidfd on this kernel: poll the exits
         try:
             select.select(fds, [], [], timeout)
