@@ -8,6 +8,7 @@ Reuses the measurements of ``bench_live`` and ``bench_runner`` on one throwaway 
 3. crash-detection latency (SIGKILL of a running child -> its row FAILED).
 
 Run:  .venv/bin/python bench/bench_pickup.py [--pickup-samples 15] [--ready-samples 15] [--crash-samples 10]
+      [--pickup-only]
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def main() -> None:
     parser.add_argument("--pickup-samples", type=int, default=15)
     parser.add_argument("--ready-samples", type=int, default=15)
     parser.add_argument("--crash-samples", type=int, default=10)
+    parser.add_argument("--pickup-only", action="store_true", help="only the pick-up latency")
     args = parser.parse_args()
     results: dict = {"host": socket.gethostname(), "cpus": os.cpu_count(), "load": os.getloadavg()}
     with bench_database("bench_pickup") as url, tempfile.TemporaryDirectory() as tmpdir:
@@ -46,6 +48,10 @@ def main() -> None:
         first_line, claim, ready = pickup_latency(url, engine, tmp, True, args.pickup_samples)
         results["pickup_ms"] = {**_summary(first_line), "claim_p50": round(percentile(claim, 0.5), 1),
                                 "child_ready_p50": round(percentile(ready, 0.5), 1)}
+        if args.pickup_only:
+            engine.dispose()
+            print(json.dumps(results, indent=2))
+            return
         results["child_ready_ms_forkserver"] = _summary(ready_latency(url, engine, tmp, "forkserver",
                                                                       args.ready_samples))
         results["crash_detection_ms"] = _summary(crash_latency(url, engine, tmp, args.crash_samples))

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from runner import options as opts
-from runner.options import OptionsError, RunnerOptions
+from runner.options import OptionsError
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -128,163 +128,24 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
                max_runtime, cancel_grace, kill_grace, preload, start_method, socket_path, log_level,
                listen=None, listen_poll=10.0) -> int:
     setup_logging(log_level)
-    from runner.wakeup import listen_default
+    from runner.daemon import daemon_catalogue, daemon_control, daemon_engine, daemon_options_from, serve_daemon
 
-    if listen is None:
-        listen = listen_default()
-
-    try:
-        options = RunnerOptions(
-            name=name,
-            capabilities=opts.parse_list(capabilities) or None,
-            concurrency=concurrency,
-            devices=devices,
-            per_device=per_device,
-            heartbeat_seconds=heartbeat,
-            lease_seconds=lease,
-            poll_seconds=poll,
-            listen=listen,
-            listen_poll_seconds=listen_poll,
-            drain_timeout=drain_timeout,
-            max_runtime=max_runtime,
-            cancel_grace=cancel_grace,
-            kill_grace=kill_grace,
-            preload=opts.parse_list(preload),
-            start_method=start_method,
-            socket_path=socket_path or opts.default_socket_path(name),
-        ).validate()
-    except OptionsError as exc:
-        raise click.UsageError(str(exc)) from None
-
-    settings, url = _parent_settings()
-
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from runner.control import ControlServer, ControlSocketBusy, ControlSocketUnsafe
-    from runner.database import SchemaBehind, check_schema, child_connect_args, parent_engine, registration
-    from runner.devices import DeviceError, DevicePlanner, GpuProbe, inventory, needs_of, parse_devices
-    from runner.forkserver import ForkServerError, ForkServerLauncher
-    from runner.launchers import SpawnLauncher
-    from runner.sdnotify import Notifier
-    from runner.supervisor import Supervisor, _brief
-
-    from scrinalia.domains.archive.workers.plugins import PluginError, load_catalogue
-
-    try:
-        catalogue = load_catalogue()
-    except (PluginError, ImportError) as exc:
-        _fail(1, f"the worker catalogue cannot be loaded: {exc}")
-    if options.capabilities is None:
-        capabilities = sorted(catalogue)
-    else:
-        unknown = [c for c in options.capabilities if c not in catalogue]
-        if unknown:
-            raise click.UsageError(
-                f"--capabilities names workers that are not in the catalogue: {', '.join(unknown)} "
-                f"(known: {', '.join(sorted(catalogue)) or 'none'})"
-            )
-        capabilities = list(options.capabilities)
-    if not capabilities:
-        _fail(opts.EXIT_USAGE, "no worker to claim: the catalogue is empty and --capabilities is not set")
-
-    engine = parent_engine(url, options, settings)
-    try:
-        revision = check_schema(engine)
-    except SchemaBehind as exc:
-        log.error("%s", exc)
-        engine.dispose()
-        return opts.EXIT_SCHEMA_BEHIND
-    except SQLAlchemyError as exc:
-        log.error("the database does not answer (%s)", _brief(exc))
-        engine.dispose()
-        return opts.EXIT_DATABASE
-
-    control = ControlServer(options.socket_path)
-    try:
-        control.open()
-    except ControlSocketBusy as exc:
-        log.error("%s", exc)
-        engine.dispose()
-        return opts.EXIT_ALREADY_RUNNING
-    except ControlSocketUnsafe as exc:
-        log.error("control socket: %s", exc)
-        engine.dispose()
-        return opts.EXIT_USAGE
-
-    gpu = GpuProbe()
-    nvml_devices = gpu.devices()
-    try:
-        owned = inventory(parse_devices(options.devices), nvml_devices)
-    except DeviceError as exc:
-        gpu.close()
-        control.close()
-        engine.dispose()
-        raise click.UsageError(str(exc)) from None
-    planner = DevicePlanner(owned, options.per_device, needs_of({c: catalogue[c] for c in capabilities}),
-                            free_memory=gpu.free_memory)
-    _log_devices(options, planner, nvml_devices)
-    if options.start_method == "forkserver":
-        launcher = ForkServerLauncher(options.preload, title=f"scrinalia-runner: fork server {options.name}")
-    else:
-        launcher = SpawnLauncher(preload=options.preload)
-    sup = Supervisor(
-        options,
-        engine=engine,
-        database_url=url.render(),
-        child_connect_args=child_connect_args(settings),
-        launcher=launcher,
-        registration=registration(options, capabilities, kind="daemon", schema_revision=revision,
-                                  devices=planner.registry_devices(nvml_devices)),
-        mode="daemon",
-        notifier=Notifier(),
-        gpu=gpu,
-        devices=planner,
-        control=control,
-        wakeup=_wakeup(options, engine, capabilities, settings),
-        catalogue=catalogue,
+    options = daemon_options_from(
+        name=name, capabilities=capabilities, concurrency=concurrency, devices=devices, per_device=per_device,
+        heartbeat=heartbeat, lease=lease, poll=poll, drain_timeout=drain_timeout, max_runtime=max_runtime,
+        cancel_grace=cancel_grace, kill_grace=kill_grace, preload=preload, start_method=start_method,
+        socket_path=socket_path, listen=listen, listen_poll=listen_poll,
     )
-    try:
-        sup.open()
-        code = sup.serve()
-        log.info("stopped (runner %s)", sup.runner_id)
+    settings, url = _parent_settings()
+    catalogue, capabilities = daemon_catalogue(options)
+    engine, revision, code = daemon_engine(url, options, settings)
+    if engine is None:
         return code
-    except ForkServerError as exc:
-        log.error("%s", exc)
-        return 1
-    except SQLAlchemyError as exc:
-        log.error("the database does not answer (%s)", _brief(exc))
-        return opts.EXIT_DATABASE
-    finally:
-        sup.close()
+    control, code = daemon_control(options)
+    if control is None:
         engine.dispose()
-
-
-def _wakeup(options: RunnerOptions, engine: Any, capabilities: list[str], settings: Any) -> Any:
-    """The LISTEN connection of pick-up on notification, or None with --no-listen."""
-    if not options.listen:
-        log.info("not listening for notifications (--no-listen): claiming every %gs", options.poll_seconds)
-        return None
-    from runner.wakeup import Wakeup
-
-    from scrinalia.db.engine import connect_args_for
-
-    args = connect_args_for(settings, "scrinalia-runner-listen")
-    return Wakeup.for_engine(engine, capabilities, **args)
-
-
-def _log_devices(options: RunnerOptions, planner: Any, nvml_devices: list[dict[str, Any]]) -> None:
-    """Say at start which GPUs the children get, and what cannot work with them."""
-    if not planner.devices:
-        why = ("--devices none" if options.devices == "none"
-               else "NVML lists no GPU (no driver, no device, or nvidia-ml-py missing)")
-        log.info("devices: none (%s): every child runs with CUDA_VISIBLE_DEVICES='' (GPU workers on CPU)", why)
-        return
-    log.info("devices: %s, %d child(ren) per device (%d device slots, --concurrency %d)%s",
-             ", ".join(d.key for d in planner.devices), planner.per_device, planner.slots, options.concurrency,
-             "" if nvml_devices else "; NVML does not answer: no memory rule, the slots alone decide")
-    for worker in planner.unfit_workers():
-        log.warning("worker %s declares %d bytes of GPU memory, more than any device of this runner has: "
-                    "it is never claimed here", worker, planner.need(worker).memory_bytes)
+        return code
+    return serve_daemon(options, settings, url, (engine, revision), control, catalogue, capabilities)
 
 
 # --- status -----------------------------------------------------------------------------------------
@@ -299,26 +160,37 @@ def _log_devices(options: RunnerOptions, planner: Any, nvml_devices: list[dict[s
 @click.option("--name", default=None, help="The local runner with this --name.")
 def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, name: str | None) -> None:
     """Show the local supervisor's children (over its control socket), or the registry with --all."""
-    from runner import control, status
+    from runner import status
 
     if all_runners:
-        from scrinalia.db.engine import runner_engine
-        from scrinalia.domains.archive import registry
-
-        settings = _settings()
-        try:
-            engine = runner_engine(settings, application_name="scrinalia-runner-status")
-        except Exception as exc:
-            _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
-        try:
-            rows = registry.list_runners(engine)
-        finally:
-            engine.dispose()
-        if as_json:
-            click.echo(status.dumps([status.runner_row_json(r) for r in rows]))
-        else:
-            click.echo(status.render_registry(rows))
+        rows = _registry_rows()
+        click.echo(status.dumps([status.runner_row_json(r) for r in rows]) if as_json else status.render_registry(rows))
         return
+    answers = _local_answers(socket_path, name)
+    if as_json:
+        click.echo(status.dumps(answers))
+    else:
+        click.echo("\n\n".join(status.render_status(a) for a in answers))
+
+
+def _registry_rows() -> list[Any]:
+    from scrinalia.db.engine import runner_engine
+    from scrinalia.domains.archive import registry
+
+    settings = _settings()
+    try:
+        engine = runner_engine(settings, application_name="scrinalia-runner-status")
+    except Exception as exc:
+        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+    try:
+        return registry.list_runners(engine)
+    finally:
+        engine.dispose()
+
+
+def _local_answers(socket_path: Path | None, name: str | None) -> list[dict[str, Any]]:
+    """The status of each local runner that answers (the one named, or every socket found)."""
+    from runner import control
 
     looked: list[str] = []
     if socket_path is not None:
@@ -338,10 +210,7 @@ def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, n
     if not answers:
         _fail(1, "no runner answers; looked in " + "; ".join(looked)
               + " (use --socket PATH, or --all for the registry)")
-    if as_json:
-        click.echo(status.dumps(answers))
-    else:
-        click.echo("\n\n".join(status.render_status(a) for a in answers))
+    return answers
 
 
 def _sockets_in(directories: list[Path]) -> tuple[list[Path], list[str]]:
@@ -384,7 +253,22 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
     Exit: 0 SUCCESS, 1 FAILED, 2 usage, 3 the worker's slot is busy, 4 schema behind, 130 cancelled.
     """
     setup_logging(log_level)
-    from runner.oneshot import ProgressBar, parse_option
+    request = _run_request(engine_name, preset, db_batch_size, option_pairs)
+    settings, url = _parent_settings()
+    row = _run_once(url, settings, worker, request, requested_by=requested_by, lease_seconds=lease,
+                    heartbeat_seconds=heartbeat, max_runtime=max_runtime)
+    _print_run(row, as_json)
+    if row.status == "SUCCESS":
+        sys.exit(opts.EXIT_OK)
+    if row.status == "CANCELLED" or (row.status == "INTERRUPTED" and row.exit_reason == "runner-stopped"):
+        sys.exit(opts.EXIT_CANCELLED)
+    sys.exit(opts.EXIT_FAILED)
+
+
+def _run_request(engine_name: str | None, preset: str | None, db_batch_size: int | None,
+                 option_pairs: tuple[str, ...]) -> dict[str, Any]:
+    """The run's request from the command line (validated later, by the shared validation)."""
+    from runner.oneshot import parse_option
 
     options: dict[str, Any] = {}
     for pair in option_pairs:
@@ -394,34 +278,32 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
             raise click.UsageError(str(exc)) from None
         options[key] = value
     request: dict[str, Any] = {}
-    if engine_name is not None:
-        request["engine_name"] = engine_name
-    if preset is not None:
-        request["preset"] = preset
-    if db_batch_size is not None:
-        request["db_batch_size"] = db_batch_size
+    for key, value in (("engine_name", engine_name), ("preset", preset), ("db_batch_size", db_batch_size)):
+        if value is not None:
+            request[key] = value
     if options:
         request["options"] = options
-    settings, url = _parent_settings()
+    return request
 
+
+def _run_once(url: Any, settings: Any, worker: str, request: dict[str, Any], **kwargs: Any) -> Any:
+    """``run_once`` with a progress bar; each refusal before the run starts exits with its code."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from runner.database import SchemaBehind
-    from runner.oneshot import run_once
-    from runner.supervisor import _brief
+    from runner.ledger_link import brief
+    from runner.oneshot import ProgressBar, run_once
 
     from scrinalia.domains.archive.errors import InvalidRunRequest, WorkerRunAlreadyActive
+
     bar = ProgressBar()
 
     def started(run) -> None:
         click.echo(f"run {run.run_id} ({worker}) started; Ctrl-C cancels, twice kills", err=True)
 
     try:
-        row = run_once(
-            url, worker, request, requested_by=requested_by, lease_seconds=lease, heartbeat_seconds=heartbeat,
-            settings=settings, max_runtime=max_runtime, on_progress=bar.update, on_start=started,
-            handle_signals=True,
-        )
+        return run_once(url, worker, request, settings=settings, on_progress=bar.update, on_start=started,
+                        handle_signals=True, **kwargs)
     except InvalidRunRequest as exc:  # UnknownWorker, UnknownOption, ... are InvalidRunRequest too
         _fail(opts.EXIT_USAGE, str(exc))
     except WorkerRunAlreadyActive as exc:
@@ -431,30 +313,27 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
     except OptionsError as exc:
         _fail(opts.EXIT_USAGE, str(exc))
     except SQLAlchemyError as exc:
-        _fail(opts.EXIT_DATABASE, f"the database does not answer ({_brief(exc)})")
+        _fail(opts.EXIT_DATABASE, f"the database does not answer ({brief(exc)})")
     except KeyboardInterrupt:
         _fail(opts.EXIT_CANCELLED, "interrupted before the run started")
     finally:
         bar.close()
 
+
+def _print_run(row: Any, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(row.to_json(), indent=2, default=str))
-    else:
-        summary = f"run {row.run_id} {row.worker_name}: {row.status}"
-        if row.duration_ms is not None:
-            summary += f" in {row.duration_ms / 1000:.1f}s"
-        if row.exit_reason:
-            summary += f" ({row.exit_reason})"
-        click.echo(summary)
-        if row.error:
-            click.echo(row.error.splitlines()[0], err=True)
-        if row.result:
-            click.echo(json.dumps(row.result, default=str))
-    if row.status == "SUCCESS":
-        sys.exit(opts.EXIT_OK)
-    if row.status == "CANCELLED" or (row.status == "INTERRUPTED" and row.exit_reason == "runner-stopped"):
-        sys.exit(opts.EXIT_CANCELLED)
-    sys.exit(opts.EXIT_FAILED)
+        return
+    summary = f"run {row.run_id} {row.worker_name}: {row.status}"
+    if row.duration_ms is not None:
+        summary += f" in {row.duration_ms / 1000:.1f}s"
+    if row.exit_reason:
+        summary += f" ({row.exit_reason})"
+    click.echo(summary)
+    if row.error:
+        click.echo(row.error.splitlines()[0], err=True)
+    if row.result:
+        click.echo(json.dumps(row.result, default=str))
 
 
 def main() -> None:

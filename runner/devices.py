@@ -168,17 +168,18 @@ def inventory(devices: str | tuple[str, ...], nvml_devices: list[dict[str, Any]]
         return []
     if devices == "auto":
         return known
-    out = []
-    for item in devices:
-        if not known:
-            out.append(Device(int(item), None) if item.isdigit() else Device(None, item))
-            continue
-        match = [d for d in known if (str(d.index) == item if item.isdigit() else d.uuid == item)]
-        if not match:
-            listed = ", ".join(f"{d.index} ({d.uuid})" for d in known)
-            raise DeviceError(f"--devices: no device {item!r} on this host (NVML lists {listed})")
-        out.append(match[0])
-    return out
+    return [_owned(item, known) for item in devices]
+
+
+def _owned(item: str, known: list[Device]) -> Device:
+    """One item of a --devices LIST: what NVML knows of it, or (without NVML) the item as given."""
+    if not known:
+        return Device(int(item), None) if item.isdigit() else Device(None, item)
+    match = [d for d in known if (str(d.index) == item if item.isdigit() else d.uuid == item)]
+    if not match:
+        listed = ", ".join(f"{d.index} ({d.uuid})" for d in known)
+        raise DeviceError(f"--devices: no device {item!r} on this host (NVML lists {listed})")
+    return match[0]
 
 
 @dataclass(frozen=True, slots=True)

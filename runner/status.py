@@ -118,39 +118,43 @@ def _progress(progress: Any) -> str:
 
 
 def render_status(status: dict[str, Any]) -> str:
+    lines = _header_lines(status)
+    for d in status.get("devices") or []:
+        lines.append(f"  GPU {_device(d)}  {d.get('name') or ''}  {len(d['children'])}/{d['slots']} slots busy"
+                     + (f"  {_bytes(d['memory_total_bytes'])}" if d.get("memory_total_bytes") else ""))
+    if status["children"]:
+        lines.append(f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} "
+                     f"{'RSS':>10} {'GPU':>10}  DEVICE")
+        lines.extend(_child_line(c) for c in status["children"])
+    else:
+        lines.append("  no children")
+    return "\n".join(lines)
+
+
+def _header_lines(status: dict[str, Any]) -> list[str]:
     db = status["database"]
     margin = status["lease_margin_seconds"]
-    lines = [
+    draining = (f" ({status['drain_reason']}, {status['drain_deadline_seconds']:.0f}s left)"
+                if status["draining"] else "")
+    age = db["last_heartbeat_age_seconds"]
+    return [
         f"runner {status['name']}  id {status['runner_id']}  pid {status['pid']}  on {status['hostname']}"
         f"  version {status['version']}",
-        f"  state {status['state']}"
-        + (f" ({status['drain_reason']}, {status['drain_deadline_seconds']:.0f}s left)" if status["draining"] else "")
-        + f"  up {status['uptime_seconds']:.0f}s",
+        f"  state {status['state']}{draining}  up {status['uptime_seconds']:.0f}s",
         f"  database {db['state']}" + (f" ({db['error']})" if db["error"] else "")
-        + (f"  last heartbeat {db['last_heartbeat_age_seconds']:.1f}s ago" if db["last_heartbeat_age_seconds"]
-           is not None else "")
+        + (f"  last heartbeat {age:.1f}s ago" if age is not None else "")
         + (f"  lease margin {margin:.1f}s" if margin is not None else ""),
         f"  {len(status['children'])}/{status['concurrency']} busy  capabilities {','.join(status['capabilities'])}"
         f"  launcher {status['launcher'].get('start_method')}",
         "  counters " + " ".join(f"{k}={v}" for k, v in status["counters"].items()),
     ]
-    for d in status.get("devices") or []:
-        lines.append(f"  GPU {_device(d)}  {d.get('name') or ''}  {len(d['children'])}/{d['slots']} slots busy"
-                     + (f"  {_bytes(d['memory_total_bytes'])}" if d.get("memory_total_bytes") else ""))
-    if status["children"]:
-        header = (f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} "
-                  f"{'RSS':>10} {'GPU':>10}  DEVICE")
-        lines.append(header)
-        for c in status["children"]:
-            lines.append(
-                f"  {c['pid']:>7}  {c['run_id']:<36}  {c['worker'][:20]:<20} {c['phase']:<9} "
-                f"{c['elapsed_seconds']:>7.1f}s  {_progress(c['progress'])[:18]:<18} {_bytes(c['rss_bytes']):>10} "
-                f"{_bytes(c['gpu_memory_bytes']):>10}  {_device(c.get('device'))}"
-                + ("  cancel requested" if c["cancel_requested"] else "")
-            )
-    else:
-        lines.append("  no children")
-    return "\n".join(lines)
+
+
+def _child_line(c: dict[str, Any]) -> str:
+    return (f"  {c['pid']:>7}  {c['run_id']:<36}  {c['worker'][:20]:<20} {c['phase']:<9} "
+            f"{c['elapsed_seconds']:>7.1f}s  {_progress(c['progress'])[:18]:<18} {_bytes(c['rss_bytes']):>10} "
+            f"{_bytes(c['gpu_memory_bytes']):>10}  {_device(c.get('device'))}"
+            + ("  cancel requested" if c["cancel_requested"] else ""))
 
 
 def runner_row_json(row: Any) -> dict[str, Any]:

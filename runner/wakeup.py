@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from typing import Any
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -64,15 +65,19 @@ class Wakeup:
         """Advance the connection; say whether to claim now and which runs were asked to cancel."""
         news = WakeupNews()
         for event in self.listener.step(time.monotonic() if now is None else now):
-            if event.kind == "resync" or (
-                event.kind == "run" and event.status == "QUEUED" and event.worker in self.capabilities
-            ):
+            if self._claimable(event):
                 news.claim = True
             elif event.kind == "run" and event.status == "RUNNING" and event.cancel and event.run_id is not None:
                 news.cancelled.add(event.run_id)
         if news.claim:
             self.wakeups += 1
         return news
+
+    def _claimable(self, event: Any) -> bool:
+        """A resync (the LISTEN restarted: anything may have been missed), or a QUEUED run we claim."""
+        if event.kind == "resync":
+            return True
+        return event.kind == "run" and event.status == "QUEUED" and event.worker in self.capabilities
 
     def close(self) -> None:
         self.listener.close()
