@@ -19,14 +19,15 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._pg import bench_database, percentile  # noqa: E402
-from bench.bench_live import pickup_latency  # noqa: E402
-from bench.bench_runner import crash_latency, ready_latency  # noqa: E402
-from scrinalia.db.engine import create_engine_from_url  # noqa: E402
+from bench._pg import bench_database, percentile
+from bench.bench_live import pickup_latency
+from bench.bench_runner import crash_latency, ready_latency
+from scrinalia.db.engine import create_engine_from_url
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -45,7 +46,8 @@ def main() -> None:
     with bench_database("bench_pickup") as url, tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         engine = create_engine_from_url(url)
-        first_line, claim, ready = pickup_latency(url, engine, tmp, True, args.pickup_samples)
+        measured: Any = pickup_latency(url, engine, tmp, True, args.pickup_samples)  # three lists
+        first_line, claim, ready = measured
         results["pickup_ms"] = {**_summary(first_line), "claim_p50": round(percentile(claim, 0.5), 1),
                                 "child_ready_p50": round(percentile(ready, 0.5), 1)}
         if args.pickup_only:

@@ -16,7 +16,6 @@ from typing import Any
 from runner import wire
 from runner.devices import Device
 from runner.run_state import RunState
-
 from scrinalia.domains.archive.ledger import WorkerRun
 
 log = logging.getLogger("scrinalia.runner")

@@ -22,7 +22,6 @@ from runner.devices import Placement, child_env
 from runner.ledger_link import DatabaseDown
 from runner.loop_state import SupervisorBase
 from runner.outcome import format_error
-
 from scrinalia.db.engine import ServerFacts
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.ledger import WorkerRun

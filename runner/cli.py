@@ -235,7 +235,8 @@ def _sockets_in(directories: list[Path]) -> tuple[list[Path], list[str]]:
 
 @cli.command("run")
 @click.argument("worker")
-@click.option("--engine", "engine_name", default=None, help="The engine (default: persisted settings, then the worker's).")
+@click.option("--engine", "engine_name", default=None,
+              help="The engine (default: persisted settings, then the worker's).")
 @click.option("--preset", default=None)
 @click.option("--batch", "db_batch_size", type=int, default=None, help="Units per database batch.")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE",
@@ -293,7 +294,6 @@ def _run_once(url: Any, settings: Any, worker: str, request: dict[str, Any], **k
     from runner.database import SchemaBehind
     from runner.ledger_link import brief
     from runner.oneshot import ProgressBar, run_once
-
     from scrinalia.domains.archive.errors import InvalidRunRequest, WorkerRunAlreadyActive
 
     bar = ProgressBar()

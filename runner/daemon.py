@@ -46,7 +46,6 @@ def daemon_options_from(*, name, capabilities, concurrency, devices, per_device,
 def daemon_catalogue(options: RunnerOptions) -> tuple[Any, list[str]]:
     """The catalogue (the supervisor resolves with it) and the workers this daemon claims."""
     from runner.cli import _fail
-
     from scrinalia.domains.archive.workers.plugins import PluginError, load_catalogue
 
     try:
@@ -178,7 +177,6 @@ def _wakeup(options: RunnerOptions, engine: Any, capabilities: list[str], settin
         log.info("not listening for notifications (--no-listen): claiming every %gs", options.poll_seconds)
         return None
     from runner.wakeup import Wakeup
-
     from scrinalia.db.engine import connect_args_for
 
     args = connect_args_for(settings, "scrinalia-runner-listen")

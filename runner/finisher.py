@@ -29,7 +29,6 @@ from runner.ledger_link import DatabaseDown, LedgerLink, brief
 from runner.options import RunnerOptions
 from runner.outcome import Outcome, decide, fit_error
 from runner.run_state import Action
-
 from scrinalia.db.tables import ExitReason
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.ledger import WorkerRun

@@ -18,7 +18,6 @@ from typing import Any
 from runner.ledger_link import DatabaseDown
 from runner.loop_state import PROGRESS_INTERVAL, SupervisorBase
 from runner.run_state import Phase
-
 from scrinalia.domains.archive import ledger
 
 log = logging.getLogger("scrinalia.runner")

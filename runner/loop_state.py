@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from runner.launchers import Launcher
 from runner.ledger_link import LedgerLink
 from runner.options import RunnerOptions
-
 from scrinalia.domains.archive import registry
 from scrinalia.domains.archive.ledger import WorkerRun
 

@@ -19,7 +19,6 @@ from runner.database import check_schema, child_connect_args, parent_engine, reg
 from runner.launchers import SpawnLauncher
 from runner.options import RunnerOptions
 from runner.supervisor import Supervisor
-
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.workers.plugins import load_catalogue

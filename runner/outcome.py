@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.launchers import ChildExit, signal_name
-
 from scrinalia.db.tables import ERROR_MAX  # the ledger's limit on a run's error (a CHECK constraint)
 from scrinalia.db.tables import ExitReason as R
 from scrinalia.domains.archive.workers.cuda import classify as classify_cuda

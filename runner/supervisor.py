@@ -63,7 +63,6 @@ from runner.options import RunnerOptions
 from runner.outcome import OPERATOR_INTERRUPT
 from runner.signals import SignalPipe
 from runner.tending import Tending
-
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.ledger import WorkerRun
 

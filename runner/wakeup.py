@@ -4,8 +4,9 @@ One more fd in the supervisor's ``select``: a LISTEN connection (``LedgerListene
 reconnects by itself with a backoff). When the ledger announces a QUEUED run of a worker this runner
 can claim, or when the LISTEN (re)starts and notifications may have been missed, ``read`` says "claim
 now" and the loop polls at once. A cancel request on one of its RUNNING runs makes it beat at once (the
-heartbeat is what hands the request to the child), instead of at the next heartbeat interval. The poll stays the truth: a notification that is lost costs at most
-one poll interval, and the loop never waits on this connection.
+heartbeat is what hands the request to the child), instead of at the next heartbeat interval. The poll
+stays the truth: a notification that is lost costs at most one poll interval, and the loop never waits
+on this connection.
 
 Off with ``--no-listen`` or ``SCRINALIA_RUNNER_LISTEN=0``.
 """
@@ -14,9 +15,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -47,7 +48,7 @@ class Wakeup:
         self.wakeups = 0
 
     @classmethod
-    def for_engine(cls, engine: Engine, capabilities: Iterable[str], **connect_args: object) -> "Wakeup":
+    def for_engine(cls, engine: Engine, capabilities: Iterable[str], **connect_args: object) -> Wakeup:
         conninfo = conninfo_for(engine, **{"application_name": "scrinalia-runner-listen", **connect_args})
         return cls(LedgerListener(conninfo, name="runner wakeup"), capabilities)
 

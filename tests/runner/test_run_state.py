@@ -9,7 +9,6 @@ from pathlib import Path
 from runner import outcome
 from runner.launchers import ChildExit
 from runner.run_state import EOF_GRACE, Action, Phase, RunState, Timing
-
 from scrinalia.db.tables import EXIT_REASONS, SQL_DECIDED_EXIT_REASONS, ExitReason
 from scrinalia.domains.archive import ledger
 
