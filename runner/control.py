@@ -128,7 +128,7 @@ class ControlServer:
             except ValueError as exc:
                 answer = {"error": f"bad request: {exc}"}
             conn.sendall(json.dumps(answer, default=str).encode() + b"\n")
-        except (OSError, socket.timeout) as exc:
+        except (TimeoutError, OSError) as exc:
             log.debug("control client dropped: %s", exc)
 
     def close(self) -> None:

@@ -43,7 +43,7 @@ class RunnerOptions:
     devices: str = "auto"   # auto | none | a comma-separated list of indexes or UUIDs (runner.devices)
     per_device: int = 1     # children sharing one device
 
-    def validate(self) -> "RunnerOptions":
+    def validate(self) -> RunnerOptions:
         if not self.name or not self.name.strip():
             raise OptionsError("--name must not be empty")
         if self.concurrency < 1:
