@@ -123,9 +123,27 @@ _EMPTY = {"pending": None, "processed": None, "failed": None}
 
 
 def unit_counts(engine: Engine, catalogue: Catalogue) -> dict[str, dict[str, int | None]]:
-    """pending / processed / failed per worker, by the catalogue's own definitions: every stamp queue
-    in ONE statement (``stamps.catalogue_counts``: each pending count reads its partial index, failed
-    reads ix_documents_stamp_errors); a worker with another kind of queue answers ``spec.counts``."""
+    """pending / processed / failed per worker, by the catalogue's own definitions. The stamp queues
+    that the triggers of ``archive_documents`` keep (``stamp_summary.summarised``: all of the catalogue's)
+    are read from ``archive_stamp_counts`` in one statement of a few dozen rows (decision 0075); any
+    other queue is counted live (``live_unit_counts``)."""
+    from scrinalia.domains.archive.workers import stamp_summary
+
+    kept = {name: spec.queue for name, spec in catalogue.items() if stamp_summary.summarised(getattr(spec, "queue", None))}
+    rest = {name: spec for name, spec in catalogue.items() if name not in kept}
+    out: dict[str, dict[str, int | None]] = {}
+    if kept:
+        out.update({name: dict(c) for name, c in stamp_summary.summary_counts(engine, kept).items()})
+    if rest:
+        out.update(live_unit_counts(engine, rest))
+    return {name: out[name] for name in catalogue}
+
+
+def live_unit_counts(engine: Engine, catalogue: Catalogue) -> dict[str, dict[str, int | None]]:
+    """The same counts computed from the documents: every stamp queue in ONE statement
+    (``stamps.catalogue_counts``: each pending count reads its partial index, failed reads
+    ix_documents_stamp_errors); a worker with another kind of queue answers ``spec.counts``. For the
+    queues the summary does not keep, and to check the summary (``scrinalia db counts``)."""
     from scrinalia.domains.archive.workers.stamps import catalogue_counts
 
     out: dict[str, dict[str, int | None]] = {}
@@ -145,9 +163,9 @@ def unit_counts(engine: Engine, catalogue: Catalogue) -> dict[str, dict[str, int
 class CountsCache:
     """Stale-while-revalidate for ``unit_counts``, per process.
 
-    The counts are the one part of GET /system/workers whose cost grows with the backlog (index reads
-    only since decision 0027: ~30 ms on 100k documents with large backlogs), so by default (``max_age``
-    0) they are computed on every request. With ``max_age`` > 0 (an opt-in for much larger archives) an
+    Live, the counts were the one part of GET /system/workers whose cost grows with the backlog (~30 ms
+    on 100k documents with large backlogs); read from the summary (decision 0075) they cost a few dozen
+    rows, so by default (``max_age`` 0) they are read on every request. With ``max_age`` > 0 (an opt-in for much larger archives) an
     answer older than ``max_age`` seconds is still served (with ``counts_as_of``) while ONE background
     thread of this process recomputes it; the first request of a process computes them inline. Nothing
     is shared between processes: the cache only saves work, it never decides anything.

@@ -1,0 +1,232 @@
+"""The worker queues' counts kept by the statements that change them: ``archive_stamp_counts``.
+
+Revision ID: 0010
+Revises: 0007
+Create Date: 2026-12-01
+
+``GET /system/workers`` answers pending / processed / failed per document worker. Counted live, that is
+five partial-index counts, the eligible totals and the failed counts on every request (~30 ms of the
+route's ~45 ms on 100k documents, docs/benchmarks.md). Here every statement that inserts, updates,
+deletes or truncates ``archive_documents`` records what it changed in the counts, in the same
+transaction, so the route reads a few rows and the answer stays exact (issue 14, decision 0075).
+
+What a document contributes, per stamp key, is one group ``(stamp_key, governed, stale, failed,
+ruleset)``:
+
+* ``governed``: ``status <> 'HUMAN_APPROVED'`` (the governed queues count only these);
+* ``stale``: the key's recorded stamp differs from the stamp the row would get now (for the four
+  fixed-expression queues: the condition of ``ix_documents_pending_<key>`` without its governed part;
+  for ``cleaning``: the text arm, ``cleaning_text_stamp`` differs from the text's stamp);
+* ``failed``: the key's stamp is ERROR (for ``cleaning``: one of its rules' stamps is);
+* ``ruleset``: ``cleaning`` only, the rule set the document was cleaned with ('' when never cleaned).
+  The cleaning queue's pending count is the stale groups plus the groups whose rule set is not the
+  current one (``archive_cleaning_ruleset()``, read with the counts), so a rule change needs no rewrite
+  of the counts.
+
+The conditions are written here, in SQL, as the workers' ``StampQueue``s define them in
+``scrinalia/domains/archive/workers/stamps.py`` (``stamp_summary.SUMMARISED`` lists the queues they are
+for; a queue of the catalogue that is not one of them is counted live, and a test compares the two).
+
+Writers never wait for each other on the counts (decision 0075): a statement only INSERTs its net
+change as new rows (one per group that changed, ``n`` signed); nothing updates a shared counter row, so
+two transactions that write documents at the same time, however long, neither block nor deadlock on
+the summary. The rows are folded (each group's rows replaced by their sum) now and then by a writer
+that holds a transaction-scoped advisory lock, taken with ``pg_try_advisory_xact_lock`` so a writer
+never waits for it either; a reader sums every visible row (a few dozen rows). The trigger functions are
+SECURITY DEFINER with a pinned ``search_path``: the runner's role writes documents (its workers' stamps)
+and so fires them, without any privilege on the summary itself.
+
+``archive_stamp_counts_recompute()`` rebuilds the summary from the documents (here, and for a repair);
+it blocks document writes while it runs (``SHARE`` lock).
+"""
+from alembic import op
+from sqlalchemy import text
+
+revision = "0010"
+down_revision = "0007"
+branch_labels = None
+depends_on = None
+
+#: Fold the rows once the table's identity crosses a multiple of this (about every FOLD_EVERY rows).
+FOLD_EVERY = 64
+
+TABLE = """
+CREATE TABLE archive_stamp_counts (
+    id BIGINT GENERATED ALWAYS AS IDENTITY,
+    stamp_key TEXT NOT NULL,
+    governed BOOLEAN NOT NULL,
+    stale BOOLEAN NOT NULL,
+    failed BOOLEAN NOT NULL,
+    ruleset TEXT DEFAULT '' NOT NULL,
+    n BIGINT NOT NULL,
+    PRIMARY KEY (id)
+);
+-- The reads are sums over a few dozen rows (a sequential scan whatever the statistics say), and every
+-- document write inserts rows: by the default threshold autovacuum would re-analyse it every ~50 writes.
+ALTER TABLE archive_stamp_counts SET (autovacuum_analyze_threshold = 100000);
+"""
+
+# What one document (alias d) contributes to each stamp key. {s} is the schema of the stamp functions.
+STATES = r"""
+(VALUES
+  ('embedding', (d.execution_log #>> '{{embedding,stamp}}') IS DISTINCT FROM
+       {s}.archive_text_stamp(d.title, d.scope_and_content, d.admin_biographical_history, d.provenance),
+   (d.execution_log #>> '{{embedding,status}}') IS NOT DISTINCT FROM 'ERROR', ''),
+  ('ner', (d.execution_log #>> '{{ner,stamp}}') IS DISTINCT FROM
+       {s}.archive_text_stamp(d.title, d.scope_and_content, d.admin_biographical_history, d.provenance),
+   (d.execution_log #>> '{{ner,status}}') IS NOT DISTINCT FROM 'ERROR', ''),
+  ('typology', (d.execution_log #>> '{{typology,stamp}}') IS DISTINCT FROM md5(d.title),
+   (d.execution_log #>> '{{typology,status}}') IS NOT DISTINCT FROM 'ERROR', ''),
+  ('quality-validator', (d.execution_log #>> '{{quality-validator,stamp}}') IS DISTINCT FROM
+       {s}.archive_quality_stamp(d.title, d.scope_and_content, d.admin_biographical_history, d.provenance,
+                                 d.date_text, d.date_start, d.date_end, d.execution_log),
+   (d.execution_log #>> '{{quality-validator,status}}') IS NOT DISTINCT FROM 'ERROR', ''),
+  ('cleaning', d.cleaning_text_stamp IS DISTINCT FROM
+       {s}.archive_cleaning_text_stamp(d.title, d.scope_and_content, d.admin_biographical_history, d.provenance),
+   jsonb_path_exists(d.execution_log, '$.cleaning.*.status ? (@ == "ERROR")'), coalesce(d.cleaning_ruleset, ''))
+) AS s(stamp_key, stale, failed, ruleset)
+"""
+
+#: The columns a document's states are computed from (an UPDATE that changes none of them changes no count).
+INPUTS = ("ROW({a}.title, {a}.scope_and_content, {a}.admin_biographical_history, {a}.provenance, {a}.date_text, "
+          "{a}.date_start, {a}.date_end, {a}.execution_log, {a}.status <> 'HUMAN_APPROVED', {a}.cleaning_ruleset, "
+          "{a}.cleaning_text_stamp)")
+
+GROUP = "stamp_key, governed, stale, failed, ruleset"
+
+
+def _contributions(rows: str, sign: int, s: str) -> str:
+    """Each document of ``rows`` as its groups, ``n`` = ``sign``."""
+    return (f"SELECT s.stamp_key, d.status <> 'HUMAN_APPROVED' AS governed, s.stale, s.failed, s.ruleset, "
+            f"{sign} AS n FROM {rows} AS d CROSS JOIN LATERAL {STATES.format(s=s)} ")
+
+
+def _functions(s: str) -> str:
+    states_new = _contributions("new_rows", 1, s)
+    states_old = _contributions("old_rows", -1, s)
+    inputs_o, inputs_n = INPUTS.format(a="o"), INPUTS.format(a="n")
+    changed_old = (f"(SELECT o.* FROM old_rows AS o WHERE NOT EXISTS (SELECT 1 FROM new_rows AS n "
+                   f"WHERE n.id = o.id AND {inputs_n} IS NOT DISTINCT FROM {inputs_o}))")
+    changed_new = (f"(SELECT n.* FROM new_rows AS n WHERE NOT EXISTS (SELECT 1 FROM old_rows AS o "
+                   f"WHERE o.id = n.id AND {inputs_o} IS NOT DISTINCT FROM {inputs_n}))")
+    insert = f"INSERT INTO {s}.archive_stamp_counts ({GROUP}, n) SELECT {GROUP}, sum(n) FROM ("
+    tail = f") AS delta GROUP BY {GROUP} HAVING sum(n) <> 0 ORDER BY {GROUP} RETURNING id"
+    return f"""
+CREATE FUNCTION {s}.archive_stamp_counts_track() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, {s}, pg_temp
+AS $track$
+DECLARE
+  last_id bigint;
+  added bigint;
+BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    DELETE FROM {s}.archive_stamp_counts;
+    RETURN NULL;
+  ELSIF TG_OP = 'INSERT' THEN
+    WITH ins AS ({insert}{states_new}{tail}) SELECT max(id), count(*) INTO last_id, added FROM ins;
+  ELSIF TG_OP = 'DELETE' THEN
+    WITH ins AS ({insert}{states_old}{tail}) SELECT max(id), count(*) INTO last_id, added FROM ins;
+  ELSE
+    WITH ins AS ({insert}{_contributions(changed_new, 1, s)} UNION ALL {_contributions(changed_old, -1, s)}{tail})
+    SELECT max(id), count(*) INTO last_id, added FROM ins;
+  END IF;
+  -- Fold about every {FOLD_EVERY} rows: only in READ COMMITTED (its DELETE sees what other folds
+  -- committed) and only when no other transaction holds the fold (it never waits for one).
+  IF added > 0 AND last_id / {FOLD_EVERY} <> (last_id - added) / {FOLD_EVERY}
+     AND current_setting('transaction_isolation') = 'read committed'
+     AND pg_try_advisory_xact_lock(hashtext('archive_stamp_counts'), 0) THEN
+    PERFORM {s}.archive_stamp_counts_fold();
+  END IF;
+  RETURN NULL;
+END
+$track$;
+
+CREATE FUNCTION {s}.archive_stamp_counts_fold() RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, {s}, pg_temp
+AS $fold$
+DECLARE
+  rows_folded bigint;
+BEGIN
+  -- One fold at a time (the trigger already holds this lock: it is re-entrant). Taken before the
+  -- statement, so the statement's snapshot sees what the previous fold committed.
+  PERFORM pg_advisory_xact_lock(hashtext('archive_stamp_counts'), 0);
+  WITH many AS (
+  SELECT {GROUP} FROM {s}.archive_stamp_counts GROUP BY {GROUP} HAVING count(*) > 1 OR sum(n) = 0
+), gone AS (
+  DELETE FROM {s}.archive_stamp_counts AS c USING many AS m
+   WHERE (c.stamp_key, c.governed, c.stale, c.failed, c.ruleset) = (m.stamp_key, m.governed, m.stale, m.failed, m.ruleset)
+  RETURNING c.stamp_key, c.governed, c.stale, c.failed, c.ruleset, c.n
+), folded AS (
+  INSERT INTO {s}.archive_stamp_counts ({GROUP}, n)
+  SELECT {GROUP}, sum(n) FROM gone GROUP BY {GROUP} HAVING sum(n) <> 0 ORDER BY {GROUP}
+  RETURNING 1
+  )
+  SELECT count(*) INTO rows_folded FROM gone;
+  RETURN rows_folded;
+END
+$fold$;
+
+CREATE FUNCTION {s}.archive_stamp_counts_recompute() RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, {s}, pg_temp
+AS $recompute$
+DECLARE
+  groups bigint;
+BEGIN
+  LOCK TABLE {s}.archive_documents IN SHARE MODE;
+  PERFORM pg_advisory_xact_lock(hashtext('archive_stamp_counts'), 0);
+  DELETE FROM {s}.archive_stamp_counts;
+  INSERT INTO {s}.archive_stamp_counts ({GROUP}, n)
+  SELECT {GROUP}, sum(n) FROM ({_contributions(f"{s}.archive_documents", 1, s)}) AS now_
+   GROUP BY {GROUP} ORDER BY {GROUP};
+  GET DIAGNOSTICS groups = ROW_COUNT;
+  RETURN groups;
+END
+$recompute$;
+
+REVOKE ALL ON FUNCTION {s}.archive_stamp_counts_track() FROM PUBLIC;
+REVOKE ALL ON FUNCTION {s}.archive_stamp_counts_fold() FROM PUBLIC;
+REVOKE ALL ON FUNCTION {s}.archive_stamp_counts_recompute() FROM PUBLIC;
+"""
+
+
+def _triggers(s: str) -> str:
+    run = f"FOR EACH STATEMENT EXECUTE FUNCTION {s}.archive_stamp_counts_track()"
+    return f"""
+CREATE TRIGGER archive_stamp_counts_insert AFTER INSERT ON {s}.archive_documents
+  REFERENCING NEW TABLE AS new_rows {run};
+CREATE TRIGGER archive_stamp_counts_update AFTER UPDATE ON {s}.archive_documents
+  REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows {run};
+CREATE TRIGGER archive_stamp_counts_delete AFTER DELETE ON {s}.archive_documents
+  REFERENCING OLD TABLE AS old_rows {run};
+CREATE TRIGGER archive_stamp_counts_truncate AFTER TRUNCATE ON {s}.archive_documents {run};
+"""
+
+
+_SCHEMA_OF_FUNCTIONS = text(
+    "SELECT pronamespace::regnamespace::text FROM pg_catalog.pg_proc WHERE proname = 'archive_composed_text'"
+)
+
+
+def upgrade() -> None:
+    schema = op.get_bind().execute(_SCHEMA_OF_FUNCTIONS).scalar_one()  # regnamespace::text is quoted
+    op.execute(TABLE)
+    op.execute(_functions(schema))
+    # The triggers first, then the backfill, in this transaction: the recompute's SHARE lock waits for
+    # the writers in flight and holds new ones until the commit, so none is counted twice or missed.
+    op.execute(_triggers(schema))
+    op.execute(f"SELECT {schema}.archive_stamp_counts_recompute()")
+
+
+def downgrade() -> None:
+    op.execute(
+        """
+        DROP TRIGGER IF EXISTS archive_stamp_counts_insert ON archive_documents;
+        DROP TRIGGER IF EXISTS archive_stamp_counts_update ON archive_documents;
+        DROP TRIGGER IF EXISTS archive_stamp_counts_delete ON archive_documents;
+        DROP TRIGGER IF EXISTS archive_stamp_counts_truncate ON archive_documents;
+        DROP FUNCTION IF EXISTS archive_stamp_counts_recompute();
+        DROP FUNCTION IF EXISTS archive_stamp_counts_fold();
+        DROP FUNCTION IF EXISTS archive_stamp_counts_track();
+        DROP TABLE IF EXISTS archive_stamp_counts;
+        """
+    )
