@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from psycopg.errors import UniqueViolation
-from sqlalchemy import Engine, bindparam, text
+from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.types import Text
@@ -572,7 +572,7 @@ def active_run(engine: Engine, worker_name: str) -> WorkerRun | None:
 
 
 def active_and_last_runs(
-    engine: Engine, worker_names: Iterable[str]
+    engine: Engine | Connection, worker_names: Iterable[str]
 ) -> dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]]:
     """For each worker: (active run, last terminal run) as JSON dicts, in one statement."""
     with one_statement(engine) as conn:
