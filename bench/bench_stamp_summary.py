@@ -67,7 +67,7 @@ class Meter:
     def __init__(self, engine) -> None:
         self.engine = engine
 
-    def __enter__(self) -> "Meter":
+    def __enter__(self) -> Meter:
         with self.engine.connect() as conn:
             self.lsn = conn.execute(_LSN).scalar_one()
         self.t = time.perf_counter()

@@ -39,6 +39,8 @@ and so fires them, without any privilege on the summary itself.
 ``archive_stamp_counts_recompute()`` rebuilds the summary from the documents (here, and for a repair);
 it blocks document writes while it runs (``SHARE`` lock).
 """
+from dataclasses import dataclass
+
 from alembic import op
 from sqlalchemy import text
 
@@ -66,49 +68,107 @@ CREATE TABLE archive_stamp_counts (
 ALTER TABLE archive_stamp_counts SET (autovacuum_analyze_threshold = 100000);
 """
 
-# What one document (alias d) contributes to each stamp key. {s} is the schema of the stamp functions.
-STATES = r"""
-(VALUES
-  ('embedding', (d.execution_log #>> '{{embedding,stamp}}') IS DISTINCT FROM
-       {s}.archive_text_stamp(d.title, d.scope_and_content, d.admin_biographical_history, d.provenance),
-   (d.execution_log #>> '{{embedding,status}}') IS NOT DISTINCT FROM 'ERROR', ''),
-  ('ner', (d.execution_log #>> '{{ner,stamp}}') IS DISTINCT FROM
-       {s}.archive_text_stamp(d.title, d.scope_and_content, d.admin_biographical_history, d.provenance),
-   (d.execution_log #>> '{{ner,status}}') IS NOT DISTINCT FROM 'ERROR', ''),
-  ('typology', (d.execution_log #>> '{{typology,stamp}}') IS DISTINCT FROM md5(d.title),
-   (d.execution_log #>> '{{typology,status}}') IS NOT DISTINCT FROM 'ERROR', ''),
-  ('quality-validator', (d.execution_log #>> '{{quality-validator,stamp}}') IS DISTINCT FROM
-       {s}.archive_quality_stamp(d.title, d.scope_and_content, d.admin_biographical_history, d.provenance,
-                                 d.date_text, d.date_start, d.date_end, d.execution_log),
-   (d.execution_log #>> '{{quality-validator,status}}') IS NOT DISTINCT FROM 'ERROR', ''),
-  ('cleaning', d.cleaning_text_stamp IS DISTINCT FROM
-       {s}.archive_cleaning_text_stamp(d.title, d.scope_and_content, d.admin_biographical_history, d.provenance),
-   jsonb_path_exists(d.execution_log, '$.cleaning.*.status ? (@ == "ERROR")'), coalesce(d.cleaning_ruleset, ''))
-) AS s(stamp_key, stale, failed, ruleset)
-"""
+@dataclass(frozen=True)
+class StampKey:
+    """One stamp key's state as SQL over a document ``{a}`` (``{s}``: the schema of the stamp functions).
 
-#: The columns a document's states are computed from (an UPDATE that changes none of them changes no count).
-INPUTS = ("ROW({a}.title, {a}.scope_and_content, {a}.admin_biographical_history, {a}.provenance, {a}.date_text, "
-          "{a}.date_start, {a}.date_end, {a}.execution_log, {a}.status <> 'HUMAN_APPROVED', {a}.cleaning_ruleset, "
-          "{a}.cleaning_text_stamp)")
+    ``stale`` is computed lazily: a document without a recorded stamp is stale whatever its data (every
+    stamp function returns a value), so an import computes no stamp at all."""
 
+    name: str
+    recorded: str  # the stamp the document records (NULL: never processed)
+    stamp: str     # the stamp its data would get now
+    inputs: str    # what ``stamp`` reads: equal inputs, equal stamps
+    entry: str     # the key's whole record (stamp, status, run, rule set): equal entries, equal recorded state
+    failed: str
+    ruleset: str = "''"
+
+    def sql(self, part: str, a: str, s: str) -> str:
+        return getattr(self, part).format(a=a, s=s)
+
+    def stale(self, a: str, s: str) -> str:
+        rec = self.sql("recorded", a, s)
+        return f"CASE WHEN {rec} IS NULL THEN true ELSE {rec} IS DISTINCT FROM {self.sql('stamp', a, s)} END"
+
+
+_FIELDS = "{a}.title, {a}.scope_and_content, {a}.admin_biographical_history, {a}.provenance"
+_TEXT_STAMP = "{s}.archive_text_stamp(" + _FIELDS + ")"
+
+
+def _fixed(name: str, stamp: str, inputs: str) -> StampKey:
+    return StampKey(name, recorded=f"({{a}}.execution_log #>> '{{{{{name},stamp}}}}')", stamp=stamp, inputs=inputs,
+                    entry=f"({{a}}.execution_log -> '{name}')",
+                    failed=f"(({{a}}.execution_log #>> '{{{{{name},status}}}}') IS NOT DISTINCT FROM 'ERROR')")
+
+
+# The queues' conditions (stamps.py's StampQueue, stamp_summary.SUMMARISED), without their governed part.
+KEYS = (
+    _fixed("embedding", _TEXT_STAMP, "ROW(" + _FIELDS + ")"),
+    _fixed("ner", _TEXT_STAMP, "ROW(" + _FIELDS + ")"),
+    _fixed("typology", "md5({a}.title)", "{a}.title"),
+    _fixed("quality-validator",
+           "{s}.archive_quality_stamp(" + _FIELDS + ", {a}.date_text, {a}.date_start, {a}.date_end, {a}.execution_log)",
+           "ROW(" + _FIELDS + ", {a}.date_text, {a}.date_start, {a}.date_end, {a}.execution_log #>> '{{ner,run_id}}', "
+           "{a}.execution_log #>> '{{typology,run_id}}')"),
+    StampKey("cleaning", recorded="{a}.cleaning_text_stamp",
+             stamp="{s}.archive_cleaning_text_stamp(" + _FIELDS + ")", inputs="ROW(" + _FIELDS + ")",
+             entry="ROW({a}.execution_log -> 'cleaning', {a}.cleaning_text_stamp, {a}.cleaning_ruleset)",
+             failed="jsonb_path_exists({a}.execution_log, '$.cleaning.*.status ? (@ == \"ERROR\")')",
+             ruleset="coalesce({a}.cleaning_ruleset, '')"),
+)
+
+GOVERNED = "({a}.status <> 'HUMAN_APPROVED')"
 GROUP = "stamp_key, governed, stale, failed, ruleset"
 
 
 def _contributions(rows: str, sign: int, s: str) -> str:
-    """Each document of ``rows`` as its groups, ``n`` = ``sign``."""
-    return (f"SELECT s.stamp_key, d.status <> 'HUMAN_APPROVED' AS governed, s.stale, s.failed, s.ruleset, "
-            f"{sign} AS n FROM {rows} AS d CROSS JOIN LATERAL {STATES.format(s=s)} ")
+    """Each document of ``rows`` (alias d) as one row per stamp key, ``n`` = ``sign``."""
+    values = ",\n    ".join(f"('{k.name}', {k.stale('d', s)}, {k.sql('failed', 'd', s)}, {k.sql('ruleset', 'd', s)})"
+                           for k in KEYS)
+    return (f"SELECT v.stamp_key, {GOVERNED.format(a='d')} AS governed, v.stale, v.failed, v.ruleset, {sign} AS n "
+            f"FROM {rows} AS d CROSS JOIN LATERAL (VALUES\n    {values}) AS v(stamp_key, stale, failed, ruleset)")
+
+
+def _pair_changes(key: StampKey, s: str) -> str:
+    """An UPDATE's old and new rows paired by id, for one stamp key: only the pairs whose state for this
+    key may differ (governed, the key's record, or its stamp's inputs changed; the others cancel out),
+    each as -1 old state +1 new state. The new row's stamp is computed once (``sn``, fenced by OFFSET 0)
+    and reused for the old row when the inputs are equal: a worker's batch computes one stamp per
+    document, for the key it wrote (and for quality-validator when ner or typology wrote theirs)."""
+    def f(part: str, a: str) -> str:
+        return key.sql(part, a, s)
+
+    rec_o, rec_n = f("recorded", "o"), f("recorded", "n")
+    same_inputs = f"{f('inputs', 'o')} IS NOT DISTINCT FROM {f('inputs', 'n')}"
+    stale_o = (f"CASE WHEN {rec_o} IS NULL THEN true WHEN {same_inputs} THEN {rec_o} IS DISTINCT FROM "
+               f"coalesce(sn.stamp, {f('stamp', 'n')}) ELSE {rec_o} IS DISTINCT FROM {f('stamp', 'o')} END")
+    stale_n = f"CASE WHEN {rec_n} IS NULL THEN true ELSE {rec_n} IS DISTINCT FROM sn.stamp END"
+    return f"""
+    SELECT '{key.name}' AS stamp_key, side.governed, side.stale, side.failed, side.ruleset, side.n
+      FROM old_rows AS o JOIN new_rows AS n ON n.id = o.id
+     CROSS JOIN LATERAL (SELECT CASE WHEN {rec_n} IS NULL THEN NULL ELSE {f('stamp', 'n')} END AS stamp OFFSET 0) AS sn
+     CROSS JOIN LATERAL (VALUES
+         ({GOVERNED.format(a='o')}, {stale_o}, {f('failed', 'o')}, {f('ruleset', 'o')}, -1),
+         ({GOVERNED.format(a='n')}, {stale_n}, {f('failed', 'n')}, {f('ruleset', 'n')}, 1)
+     ) AS side(governed, stale, failed, ruleset, n)
+     WHERE {GOVERNED.format(a='o')} <> {GOVERNED.format(a='n')}
+        OR {f('entry', 'o')} IS DISTINCT FROM {f('entry', 'n')}
+        OR NOT ({same_inputs})"""
+
+
+def _update_changes(s: str) -> str:
+    """The net change of an UPDATE: the pairs key by key, and the rows without a partner (an UPDATE
+    that set ``id = DEFAULT``) whole."""
+    unpaired_old = "(SELECT o.* FROM old_rows AS o WHERE NOT EXISTS (SELECT 1 FROM new_rows AS n WHERE n.id = o.id))"
+    unpaired_new = "(SELECT n.* FROM new_rows AS n WHERE NOT EXISTS (SELECT 1 FROM old_rows AS o WHERE o.id = n.id))"
+    parts = [_pair_changes(k, s) for k in KEYS]
+    parts += [_contributions(unpaired_old, -1, s), _contributions(unpaired_new, 1, s)]
+    return "\n    UNION ALL ".join(parts)
 
 
 def _functions(s: str) -> str:
     states_new = _contributions("new_rows", 1, s)
     states_old = _contributions("old_rows", -1, s)
-    inputs_o, inputs_n = INPUTS.format(a="o"), INPUTS.format(a="n")
-    changed_old = (f"(SELECT o.* FROM old_rows AS o WHERE NOT EXISTS (SELECT 1 FROM new_rows AS n "
-                   f"WHERE n.id = o.id AND {inputs_n} IS NOT DISTINCT FROM {inputs_o}))")
-    changed_new = (f"(SELECT n.* FROM new_rows AS n WHERE NOT EXISTS (SELECT 1 FROM old_rows AS o "
-                   f"WHERE o.id = n.id AND {inputs_o} IS NOT DISTINCT FROM {inputs_n}))")
     insert = f"INSERT INTO {s}.archive_stamp_counts ({GROUP}, n) SELECT {GROUP}, sum(n) FROM ("
     tail = f") AS delta GROUP BY {GROUP} HAVING sum(n) <> 0 ORDER BY {GROUP} RETURNING id"
     return f"""
@@ -127,7 +187,7 @@ BEGIN
   ELSIF TG_OP = 'DELETE' THEN
     WITH ins AS ({insert}{states_old}{tail}) SELECT max(id), count(*) INTO last_id, added FROM ins;
   ELSE
-    WITH ins AS ({insert}{_contributions(changed_new, 1, s)} UNION ALL {_contributions(changed_old, -1, s)}{tail})
+    WITH ins AS ({insert}{_update_changes(s)}{tail})
     SELECT max(id), count(*) INTO last_id, added FROM ins;
   END IF;
   -- Fold about every {FOLD_EVERY} rows: only in READ COMMITTED (its DELETE sees what other folds

@@ -86,6 +86,13 @@ def test_inserts_edits_approvals_deletes_and_truncate(engine):
         conn.execute(text("UPDATE archive_documents SET status = 'DRAFT' WHERE id % 8 = 3"))
         conn.execute(text("UPDATE archive_documents SET is_anomaly = true, updated_at = now()"))  # no count changes
     assert_summary_is_live(engine)
+    with engine.begin() as conn:  # text, record and governance at once; a row that gets a new id (no partner)
+        conn.execute(text("UPDATE archive_documents SET provenance = 'P' || id, status = 'PUBLISHED', "
+                          "execution_log = execution_log - 'ner' WHERE id % 3 = 2"))
+        conn.execute(text("UPDATE archive_documents SET id = DEFAULT, title = title || '.' WHERE id % 5 = 0"))
+    assert_summary_is_live(engine)
+    with engine.connect() as conn:
+        ids = list(conn.execute(text("SELECT id FROM archive_documents ORDER BY id")).scalars())
     before = summary_rows(engine)
     with engine.begin() as conn:
         conn.execute(text("UPDATE archive_documents SET is_anomaly = false, anomaly_reasons = '[\"x\"]'"))
