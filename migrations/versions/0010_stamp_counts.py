@@ -39,6 +39,7 @@ and so fires them, without any privilege on the summary itself.
 ``archive_stamp_counts_recompute()`` rebuilds the summary from the documents (here, and for a repair);
 it blocks document writes while it runs (``SHARE`` lock).
 """
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from alembic import op
@@ -129,41 +130,58 @@ def _contributions(rows: str, sign: int, s: str) -> str:
             f"FROM {rows} AS d CROSS JOIN LATERAL (VALUES\n    {values}) AS v(stamp_key, stale, failed, ruleset)")
 
 
-def _pair_changes(key: StampKey, s: str) -> str:
-    """An UPDATE's old and new rows paired by id, for one stamp key: only the pairs whose state for this
-    key may differ (governed, the key's record, or its stamp's inputs changed; the others cancel out),
-    each as -1 old state +1 new state. The new row's stamp is computed once (``sn``, fenced by OFFSET 0)
-    and reused for the old row when the inputs are equal: a worker's batch computes one stamp per
-    document, for the key it wrote (and for quality-validator when ner or typology wrote theirs)."""
-    def f(part: str, a: str) -> str:
-        return key.sql(part, a, s)
-
-    rec_o, rec_n = f("recorded", "o"), f("recorded", "n")
-    same_inputs = f"{f('inputs', 'o')} IS NOT DISTINCT FROM {f('inputs', 'n')}"
-    stale_o = (f"CASE WHEN {rec_o} IS NULL THEN true WHEN {same_inputs} THEN {rec_o} IS DISTINCT FROM "
-               f"coalesce(sn.stamp, {f('stamp', 'n')}) ELSE {rec_o} IS DISTINCT FROM {f('stamp', 'o')} END")
-    stale_n = f"CASE WHEN {rec_n} IS NULL THEN true ELSE {rec_n} IS DISTINCT FROM sn.stamp END"
-    return f"""
-    SELECT '{key.name}' AS stamp_key, side.governed, side.stale, side.failed, side.ruleset, side.n
-      FROM old_rows AS o JOIN new_rows AS n ON n.id = o.id
-     CROSS JOIN LATERAL (SELECT CASE WHEN {rec_n} IS NULL THEN NULL ELSE {f('stamp', 'n')} END AS stamp OFFSET 0) AS sn
-     CROSS JOIN LATERAL (VALUES
-         ({GOVERNED.format(a='o')}, {stale_o}, {f('failed', 'o')}, {f('ruleset', 'o')}, -1),
-         ({GOVERNED.format(a='n')}, {stale_n}, {f('failed', 'n')}, {f('ruleset', 'n')}, 1)
-     ) AS side(governed, stale, failed, ruleset, n)
-     WHERE {GOVERNED.format(a='o')} <> {GOVERNED.format(a='n')}
-        OR {f('entry', 'o')} IS DISTINCT FROM {f('entry', 'n')}
-        OR NOT ({same_inputs})"""
+def _by_key(s: str, sql: Callable[[StampKey], str]) -> str:
+    """``sql(key)`` of the stamp key of the current row of ``k`` (a CASE: only that key's is evaluated)."""
+    return "CASE k.stamp_key " + " ".join(f"WHEN '{key.name}' THEN {sql(key)}" for key in KEYS) + " END"
 
 
 def _update_changes(s: str) -> str:
-    """The net change of an UPDATE: the pairs key by key, and the rows without a partner (an UPDATE
-    that set ``id = DEFAULT``) whole."""
-    unpaired_old = "(SELECT o.* FROM old_rows AS o WHERE NOT EXISTS (SELECT 1 FROM new_rows AS n WHERE n.id = o.id))"
-    unpaired_new = "(SELECT n.* FROM new_rows AS n WHERE NOT EXISTS (SELECT 1 FROM old_rows AS o WHERE o.id = n.id))"
-    parts = [_pair_changes(k, s) for k in KEYS]
-    parts += [_contributions(unpaired_old, -1, s), _contributions(unpaired_new, 1, s)]
-    return "\n    UNION ALL ".join(parts)
+    """The net change of an UPDATE, as one small query: the statements of a trigger with transition
+    tables are planned on every call, and this one plans in about a millisecond (a UNION of one branch
+    per key took ~10: its planning, not its execution, was what a one-document UPDATE paid).
+
+    The old and new rows are paired by id (a FULL JOIN: a row whose id was set to DEFAULT has no
+    partner and counts whole), then per pair only the stamp keys whose state may differ (governed, the
+    key's record, or its stamp's inputs changed: the others would cancel out), each as -1 old state +1
+    new state. The new row's stamp is computed once (``sn``, fenced by OFFSET 0) and reused for the old
+    row when the inputs are equal: a worker's batch computes one stamp per document, for the key it
+    wrote (and for quality-validator when ner or typology wrote theirs)."""
+    def pair(key: StampKey, part: str) -> tuple[str, str]:
+        return key.sql(part, "o", s), key.sql(part, "n", s)
+
+    def same_inputs(key: StampKey) -> str:
+        o, n = pair(key, "inputs")
+        return f"{o} IS NOT DISTINCT FROM {n}"
+
+    def changed(key: StampKey) -> str:
+        (eo, en) = pair(key, "entry")
+        return (f"o.id IS NULL OR n.id IS NULL OR {GOVERNED.format(a='o')} <> {GOVERNED.format(a='n')} "
+                f"OR {eo} IS DISTINCT FROM {en} OR NOT ({same_inputs(key)})")
+
+    def row(key: StampKey) -> str:
+        (ro, rn), (fo, fn), (so, sn_) = pair(key, "recorded"), pair(key, "failed"), pair(key, "ruleset")
+        return f"('{key.name}', {changed(key)}, n.id IS NOT NULL AND {same_inputs(key)}, {ro}, {rn}, {fo}, {fn}, {so}, {sn_})"
+
+    stamp_o = _by_key(s, lambda k: k.sql("stamp", "o", s))
+    stamp_n = _by_key(s, lambda k: k.sql("stamp", "n", s))
+    # the new row's stamp, when the new row or (equal inputs) the old row records one
+    needed = "n.id IS NOT NULL AND (k.rec_n IS NOT NULL OR (k.same AND k.rec_o IS NOT NULL))"
+    stale_o = (f"CASE WHEN k.rec_o IS NULL THEN true WHEN k.same THEN k.rec_o IS DISTINCT FROM sn.stamp "
+               f"ELSE k.rec_o IS DISTINCT FROM {stamp_o} END")
+    stale_n = "CASE WHEN k.rec_n IS NULL THEN true ELSE k.rec_n IS DISTINCT FROM sn.stamp END"
+    keys = ",\n         ".join(row(key) for key in KEYS)
+    return f"""
+    SELECT k.stamp_key, side.governed, side.stale, side.failed, side.ruleset, side.n
+      FROM old_rows AS o FULL JOIN new_rows AS n ON n.id = o.id
+     CROSS JOIN LATERAL (VALUES
+         {keys}
+     ) AS k(stamp_key, changed, same, rec_o, rec_n, failed_o, failed_n, ruleset_o, ruleset_n)
+     CROSS JOIN LATERAL (SELECT CASE WHEN {needed} THEN {stamp_n} END AS stamp OFFSET 0) AS sn
+     CROSS JOIN LATERAL (VALUES
+         (o.id IS NOT NULL, {GOVERNED.format(a='o')}, {stale_o}, k.failed_o, k.ruleset_o, -1),
+         (n.id IS NOT NULL, {GOVERNED.format(a='n')}, {stale_n}, k.failed_n, k.ruleset_n, 1)
+     ) AS side(present, governed, stale, failed, ruleset, n)
+     WHERE k.changed AND side.present"""
 
 
 def _functions(s: str) -> str:
