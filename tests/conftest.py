@@ -7,7 +7,9 @@ Where PostgreSQL comes from, in order:
      at the end of the session.
 
 The schema is migrated once into a template database; every test gets its own copy
-(``CREATE DATABASE ... TEMPLATE``), so tests are isolated even when they start real processes.
+(``CREATE DATABASE ... TEMPLATE``), so tests are isolated even when they start real processes. The
+copies are made one step ahead by a background thread (``DatabasePool``), so a test does not wait for
+its own.
 """
 from __future__ import annotations
 
