@@ -237,3 +237,29 @@ def test_many_writers_at_once_keep_the_summary_exact(engine):
     # a recompute from the documents gives the same answer
     stamp_summary.recompute(engine)
     assert_summary_is_live(engine)
+
+
+def test_the_cli_checks_and_repairs_the_summary(database_url, engine, monkeypatch):
+    from click.testing import CliRunner
+
+    from scrinalia.cli.main import cli
+    from scrinalia.settings import get_settings
+
+    insert_docs(engine, [{"reference_code": f"K{i}", "title": f"Livro {i}"} for i in range(5)])
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    get_settings.cache_clear()
+    try:
+        ok = CliRunner().invoke(cli, ["archive", "queues", "--check"])
+        assert ok.exit_code == 0, ok.output
+        assert "the panel's counts (archive_stamp_counts) equal these" in ok.output
+        with engine.begin() as conn:  # a write the triggers did not see
+            conn.execute(text("ALTER TABLE archive_documents DISABLE TRIGGER archive_stamp_counts_delete"))
+            conn.execute(text("DELETE FROM archive_documents WHERE reference_code = 'K0'"))
+            conn.execute(text("ALTER TABLE archive_documents ENABLE TRIGGER archive_stamp_counts_delete"))
+        bad = CliRunner().invoke(cli, ["archive", "queues", "--check"])
+        assert bad.exit_code == 1 and "differ from the documents'" in bad.output, bad.output
+        fixed = CliRunner().invoke(cli, ["archive", "queues", "--repair"])
+        assert fixed.exit_code == 0 and "rebuilt from the documents" in fixed.output, fixed.output
+    finally:
+        get_settings.cache_clear()
+    assert_summary_is_live(engine)

@@ -104,6 +104,19 @@ def summary_counts(engine: Engine | Connection, queues: Mapping[str, StampQueue]
         return out
 
 
+def differences(engine: Engine, catalogue: Mapping[str, Any]) -> dict[str, tuple[dict[str, int], dict[str, int]]]:
+    """Worker -> (summary, live) for every summarised queue of ``catalogue`` whose two counts differ
+    (none, unless something wrote the documents with the triggers disabled). Not one snapshot: run
+    it while nothing writes documents, or expect the difference of a write in flight."""
+    from scrinalia.domains.archive.workers.stamps import catalogue_counts
+
+    kept = {name: spec.queue for name, spec in catalogue.items() if summarised(getattr(spec, "queue", None))}
+    served = summary_counts(engine, kept)
+    live = catalogue_counts(engine, {name: catalogue[name] for name in kept})
+    return {name: (served[name], counts) for name, counts in live.items()
+            if counts is not None and counts != served[name]}
+
+
 def recompute(engine: Engine) -> int:
     """Rebuild the summary from the documents (a repair; blocks document writes while it runs).
     Returns the number of groups."""
