@@ -7,12 +7,16 @@ Where PostgreSQL comes from, in order:
      at the end of the session.
 
 The schema is migrated once into a template database; every test gets its own copy
-(``CREATE DATABASE ... TEMPLATE``), so tests are isolated even when they start real processes.
+(``CREATE DATABASE ... TEMPLATE``), so tests are isolated even when they start real processes. The
+copies are made one step ahead by a background thread (``DatabasePool``), so a test does not wait for
+its own.
 """
 from __future__ import annotations
 
 import os
+import queue
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,10 +102,75 @@ def _fresh_database(pg_admin_url: str, admin_engine: Engine, template: str | Non
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+class DatabasePool:
+    """Fresh copies of the template made ahead of time by one background thread, so a test's setup
+    takes a database instead of waiting for ``CREATE DATABASE ... TEMPLATE`` (0.1-0.35 s each, about a
+    fifth of a typical API test). While a test waits on its processes the next copy is being made.
+    Each copy is used by one test and dropped after it, as before; a failed background copy is made
+    again in the foreground, so the pool never decides a test's outcome."""
+
+    def __init__(self, admin_engine: Engine, template: str, ahead: int = 2) -> None:
+        self.admin_engine = admin_engine
+        self.template = template
+        self._ready: queue.Queue[str | BaseException] = queue.Queue()
+        self._room = threading.Semaphore(ahead)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._fill, name="test-database-pool", daemon=True)
+        self._thread.start()
+
+    def create(self) -> str:
+        name = f"scrinalia_t_{uuid.uuid4().hex[:12]}"
+        with self.admin_engine.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"'))
+        return name
+
+    def _fill(self) -> None:
+        while not self._closed.is_set():
+            if not self._room.acquire(timeout=0.2):
+                continue
+            if self._closed.is_set():
+                return
+            try:
+                self._ready.put(self.create())
+            except BaseException as exc:  # handed to the test that takes it
+                self._ready.put(exc)
+
+    def take(self) -> str:
+        item = self._ready.get(timeout=300)
+        self._room.release()
+        return self.create() if isinstance(item, BaseException) else item
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(30)
+        while True:
+            try:
+                item = self._ready.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, str):
+                self.drop(item)
+
+    def drop(self, name: str) -> None:
+        with self.admin_engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def database_pool(admin_engine: Engine, template_database: str) -> Iterator[DatabasePool]:
+    pool = DatabasePool(admin_engine, template_database)
+    yield pool
+    pool.close()
+
+
 @pytest.fixture
-def database_url(pg_admin_url: str, admin_engine: Engine, template_database: str) -> Iterator[str]:
+def database_url(pg_admin_url: str, database_pool: DatabasePool) -> Iterator[str]:
     """A fresh database at the migrations' head, for this test only."""
-    yield from _fresh_database(pg_admin_url, admin_engine, template_database)
+    name = database_pool.take()
+    try:
+        yield _with_database(pg_admin_url, name)
+    finally:
+        database_pool.drop(name)
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 (issue 12, decision 0095).
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-12-01
 
 Before this revision each pending condition was written twice: as an f-string assembled in

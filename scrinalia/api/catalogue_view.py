@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from scrinalia.domains.archive.workers import validation
 from scrinalia.domains.archive.workers.sdk import (
@@ -106,7 +106,7 @@ def effective_settings(spec: WorkerSpec, engine: Engine | None, layer: DatabaseL
     return out
 
 
-def database_layer(engine: Engine, specs: Mapping[str, WorkerSpec],
+def database_layer(engine: Engine | Connection, specs: Mapping[str, WorkerSpec],
                    persisted: Mapping[str, Mapping[str, Any]]) -> DatabaseLayer:
     """The resolver's database part for many workers at once: ``persisted`` (every worker's settings
     row, already read by the caller) and, only when one of ``specs`` needs it, the LLM_CHECK rule."""
@@ -122,10 +122,32 @@ def database_layer(engine: Engine, specs: Mapping[str, WorkerSpec],
 _EMPTY = {"pending": None, "processed": None, "failed": None}
 
 
-def unit_counts(engine: Engine, catalogue: Catalogue) -> dict[str, dict[str, int | None]]:
-    """pending / processed / failed per worker, by the catalogue's own definitions: every stamp queue
-    in ONE statement (``stamps.catalogue_counts``: each pending count reads its partial index, failed
-    reads ix_documents_stamp_errors); a worker with another kind of queue answers ``spec.counts``."""
+def unit_counts(engine: Engine, catalogue: Catalogue,
+                conn: Connection | None = None) -> dict[str, dict[str, int | None]]:
+    """pending / processed / failed per worker, by the catalogue's own definitions. The stamp queues
+    that the triggers of ``archive_documents`` keep (``stamp_summary.summarised``: all of the catalogue's)
+    are read from ``archive_stamp_counts`` in one statement of a few dozen rows (decision 0075); any
+    other queue is counted live (``live_unit_counts``, on its own connection: its planner settings are
+    ``SET LOCAL``). ``conn``: a connection to read the summary on (the caller's)."""
+    from scrinalia.domains.archive.workers import stamp_summary
+
+    kept = {name: spec.queue for name, spec in catalogue.items()
+            if stamp_summary.summarised(getattr(spec, "queue", None))}
+    rest = {name: spec for name, spec in catalogue.items() if name not in kept}
+    out: dict[str, dict[str, int | None]] = {}
+    if kept:
+        summary = stamp_summary.summary_counts(conn if conn is not None else engine, kept)
+        out.update({name: dict(c) for name, c in summary.items()})
+    if rest:
+        out.update(live_unit_counts(engine, rest))
+    return {name: out[name] for name in catalogue}
+
+
+def live_unit_counts(engine: Engine, catalogue: Catalogue) -> dict[str, dict[str, int | None]]:
+    """The same counts computed from the documents: every stamp queue in ONE statement
+    (``stamps.catalogue_counts``: each pending count reads its partial index, failed reads
+    ix_documents_stamp_errors); a worker with another kind of queue answers ``spec.counts``. For the
+    queues the summary does not keep, and to check the summary (``scrinalia db counts``)."""
     from scrinalia.domains.archive.workers.stamps import catalogue_counts
 
     out: dict[str, dict[str, int | None]] = {}
@@ -145,9 +167,10 @@ def unit_counts(engine: Engine, catalogue: Catalogue) -> dict[str, dict[str, int
 class CountsCache:
     """Stale-while-revalidate for ``unit_counts``, per process.
 
-    The counts are the one part of GET /system/workers whose cost grows with the backlog (index reads
-    only since decision 0027: ~30 ms on 100k documents with large backlogs), so by default (``max_age``
-    0) they are computed on every request. With ``max_age`` > 0 (an opt-in for much larger archives) an
+    Live, the counts were the one part of GET /system/workers whose cost grows with the backlog (~30 ms
+    on 100k documents with large backlogs); read from the summary (decision 0075) they cost a few dozen
+    rows, so by default (``max_age`` 0) they are read on every request. With ``max_age`` > 0 (an opt-in
+    for much larger archives) an
     answer older than ``max_age`` seconds is still served (with ``counts_as_of``) while ONE background
     thread of this process recomputes it; the first request of a process computes them inline. Nothing
     is shared between processes: the cache only saves work, it never decides anything.
@@ -183,13 +206,14 @@ class CountsCache:
                 self._refreshing = True
             return self._value, self._as_of, start
 
-    def get(self, engine: Engine, catalogue: Catalogue,
-            names: list[str] | None = None) -> tuple[dict[str, dict[str, int | None]], datetime | None]:
+    def get(self, engine: Engine, catalogue: Catalogue, names: list[str] | None = None,
+            conn: Connection | None = None) -> tuple[dict[str, dict[str, int | None]], datetime | None]:
         """The counts of ``names`` (default: the whole catalogue) and when they were computed. Uncached
-        (``max_age`` 0), only those are counted; cached, the whole catalogue is, for the next request."""
+        (``max_age`` 0), only those are counted (the summary read on ``conn`` when given); cached, the
+        whole catalogue is, for the next request."""
         names = list(catalogue) if names is None else names
         if self.max_age <= 0:
-            return unit_counts(engine, {n: catalogue[n] for n in names}), datetime.now(UTC)
+            return unit_counts(engine, {n: catalogue[n] for n in names}, conn=conn), datetime.now(UTC)
         value, as_of, start = self._snapshot()
         if value is None:
             self._compute(engine, catalogue)

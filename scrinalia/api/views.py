@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import asdict
+from dataclasses import fields
 from datetime import datetime
 from typing import Any, overload
 
-from sqlalchemy import Engine, bindparam, text
+from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import UUID
 
 from scrinalia import __version__
 from scrinalia.api import catalogue_view
 from scrinalia.db import migrate
+from scrinalia.db.engine import one_statement
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.ledger import RUN_COLUMNS, WorkerRun
 from scrinalia.domains.archive.worker_settings import all_settings
@@ -85,23 +86,25 @@ _RUNNING_PER_RUNNER = text(
 )
 
 
-def db_clock(engine: Engine) -> tuple[datetime, str | None]:
-    with engine.connect() as conn:
+def db_clock(engine: Engine | Connection) -> tuple[datetime, str | None]:
+    with one_statement(engine) as conn:
         row = conn.execute(_CLOCK).one()
     return row.db_now, row.revision
 
 
-def runners_view(engine: Engine, *, stopped_within_hours: int = 24, db_revision: str | None = None,
+def runners_view(engine: Engine | Connection, *, stopped_within_hours: int = 24, db_revision: str | None = None,
                  with_clock: bool = True) -> list[dict[str, Any]]:
     rows = registry.list_runners(engine, stopped_within_hours=stopped_within_hours)
-    with engine.connect() as conn:
+    with one_statement(engine) as conn:
         running = {r.runner_id: int(r.n) for r in conn.execute(_RUNNING_PER_RUNNER).all()}
     if with_clock and db_revision is None:
         _, db_revision = db_clock(engine)
     version = __version__
     out = []
     for row in rows:
-        data = {k: _iso(v) for k, v in asdict(row).items()}
+        # fields, not dataclasses.asdict: asdict deep-copies every row's devices and children (most of
+        # the route's time with 100 runners); each row is fresh from its query, nobody else holds it
+        data = {f.name: _iso(getattr(row, f.name)) for f in fields(row)}
         data["runner_id"] = str(row.runner_id)
         data["running"] = running.get(row.runner_id, 0)
         data["busy"] = data["running"] >= row.concurrency
@@ -209,15 +212,19 @@ def _runner_summary(r: dict[str, Any]) -> dict[str, Any]:
 def workers_view(engine: Engine, catalogue: dict[str, WorkerSpec], names: list[str] | None = None,
                  counts_cache: catalogue_view.CountsCache | None = None) -> dict[str, Any]:
     specs = {n: catalogue[n] for n in (names if names is not None else catalogue)}
-    db_now, db_revision = db_clock(engine)
-    runners = runners_view(engine, db_revision=db_revision, with_clock=False)
-    active_last = ledger.active_and_last_runs(engine, list(specs))
-    persisted = all_settings(engine)
-    layer = catalogue_view.database_layer(engine, specs, persisted)
-    if counts_cache is not None:
-        counts, counts_as_of = counts_cache.get(engine, catalogue, list(specs))
-    else:
-        counts, counts_as_of = catalogue_view.unit_counts(engine, specs), db_now
+    # Every read on ONE pooled connection in autocommit: each read is one statement (its own snapshot,
+    # as before), and the screen pays one checkout and pre-ping instead of one per read, and no
+    # BEGIN/ROLLBACK pairs (issue 14: the route's time was mostly round trips once the counts were cheap).
+    with one_statement(engine) as conn:
+        db_now, db_revision = db_clock(conn)
+        runners = runners_view(conn, db_revision=db_revision, with_clock=False)
+        active_last = ledger.active_and_last_runs(conn, list(specs))
+        persisted = all_settings(conn)
+        layer = catalogue_view.database_layer(conn, specs, persisted)
+        if counts_cache is not None:
+            counts, counts_as_of = counts_cache.get(engine, catalogue, list(specs), conn=conn)
+        else:
+            counts, counts_as_of = catalogue_view.unit_counts(engine, specs, conn=conn), db_now
     workers = []
     for name, spec in specs.items():
         active_raw, last_raw = active_last.get(name, (None, None))

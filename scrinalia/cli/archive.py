@@ -59,19 +59,36 @@ def demo_command() -> None:
 
 
 @command.command("queues")
-def queues_command() -> None:
-    """Pending, processed and failed units per worker (the same condition as the execution)."""
+@click.option("--check", is_flag=True,
+              help="Also compare the counts the panel reads (archive_stamp_counts) with these; exit 1 if they differ.")
+@click.option("--repair", is_flag=True, help="Rebuild archive_stamp_counts from the documents first (implies --check).")
+def queues_command(check: bool, repair: bool) -> None:
+    """Pending, processed and failed units per worker (the same condition as the execution), counted
+    from the documents."""
+    from scrinalia.domains.archive.workers import stamp_summary
     from scrinalia.domains.archive.workers.plugins import load_catalogue
     from scrinalia.domains.archive.workers.stamps import catalogue_counts
 
     engine = _engine()
     try:
-        for name, counts in catalogue_counts(engine, load_catalogue()).items():
+        catalogue = load_catalogue()
+        if repair:
+            groups = stamp_summary.recompute(engine)
+            click.echo(f"archive_stamp_counts rebuilt from the documents ({groups} groups)")
+        for name, counts in catalogue_counts(engine, catalogue).items():
             if counts is None:
                 click.echo(f"{name:20s} (no queue)")
             else:
                 click.echo(f"{name:20s} pending {counts['pending']:>8}  processed {counts['processed']:>8}  "
                            f"failed {counts['failed']:>6}")
+        if check or repair:
+            differ = stamp_summary.differences(engine, catalogue)
+            for name, (served, live) in differ.items():
+                click.echo(f"{name}: the panel's counts {served} differ from the documents' {live} "
+                           "(scrinalia archive queues --repair rebuilds them)", err=True)
+            if differ:
+                raise SystemExit(1)
+            click.echo("the panel's counts (archive_stamp_counts) equal these")
     finally:
         engine.dispose()
 

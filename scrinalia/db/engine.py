@@ -171,14 +171,18 @@ def runner_engine(settings: Settings, application_name: str = "scrinalia-runner"
 
 
 @contextmanager
-def one_statement(engine: Engine) -> Iterator[Connection]:
+def one_statement(engine: Engine | Connection) -> Iterator[Connection]:
     """A pooled connection in autocommit, for ONE statement (a protocol step or a single read).
 
     PostgreSQL runs a statement sent outside a transaction block in its own transaction, so the step
     keeps its atomicity and its ``now()`` while costing one round trip. psycopg's autocommit is a client
     flag (setting it sends nothing), and SQLAlchemy restores the pool's default isolation on check-in.
-    Never run two statements that must commit together through this.
+    Never run two statements that must commit together through this. Given a Connection (a caller that
+    reads many things on one connection, e.g. the workers screen), the statement runs on it as it is.
     """
+    if isinstance(engine, Connection):
+        yield engine
+        return
     with engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT")
         yield conn

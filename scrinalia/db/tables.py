@@ -343,6 +343,21 @@ archive_documents = Table(
     Index("ix_documents_stamp_errors", "id", postgresql_where=text("archive_has_stamp_error(execution_log)")),
 )
 
+# The document workers' queue counts, kept by statement-level triggers on archive_documents (migration
+# 0010, decision 0075): the sum of n over a group is the number of documents in that state. Insert-only for
+# writers (signed deltas), folded now and then; read by GET /system/workers (stamp_summary.py).
+archive_stamp_counts = Table(
+    "archive_stamp_counts",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("stamp_key", Text, nullable=False),
+    Column("governed", Boolean, nullable=False),
+    Column("stale", Boolean, nullable=False),
+    Column("failed", Boolean, nullable=False),
+    Column("ruleset", Text, nullable=False, server_default=text("''")),
+    Column("n", BigInteger, nullable=False),
+)
+
 archive_document_embeddings = Table(
     "archive_document_embeddings",
     metadata,

@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from runner.oneshot import run_once
+from scrinalia.api import catalogue_view
 from scrinalia.db import migrate
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.db.roles import ensure_runner_role, unmanaged_tables
@@ -59,6 +60,9 @@ FORBIDDEN = {
     "read the login throttle": "SELECT * FROM auth_login_throttle",
     "read the devices": "SELECT * FROM auth_devices",
     "read the schedules": "SELECT * FROM archive_worker_schedules",
+    "forge the queue counts": "INSERT INTO archive_stamp_counts (stamp_key, governed, stale, failed, n) "
+                              "VALUES ('embedding', true, true, false, -5)",
+    "recompute the queue counts": "SELECT archive_stamp_counts_recompute()",
     "change a setting": "UPDATE archive_worker_settings SET preset = 'x'",
     "change a rule": "UPDATE archive_cleaning_rules SET active = false",
     "create a table": "CREATE TABLE evil (id int)",
@@ -188,6 +192,12 @@ def test_every_worker_as_the_runner_role(database_url, engine, runner_url, tmp_p
             " (SELECT count(*) FROM archive_document_entities),"
             " (SELECT count(*) FROM archive_document_typologies), (SELECT count(*) FROM archive_review_queue)")).one()
     assert all(c > 0 for c in counts), counts
+    # the workers' writes as the role fired the summary's triggers (SECURITY DEFINER: the role has no
+    # privilege on archive_stamp_counts), and the summary is the live count
+    catalogue = load_catalogue()
+    served = catalogue_view.unit_counts(engine, catalogue)
+    assert served == catalogue_view.live_unit_counts(engine, catalogue)
+    assert served["embedding"] == {"pending": 0, "failed": 0, "processed": 3}, served
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import signal
 import pytest
 from sqlalchemy import text
 
+from scrinalia.domains.archive import ledger
 from tests.runner.conftest import enqueue, pid_alive, wait_for, wait_status
 
 pytestmark = pytest.mark.slow
@@ -33,9 +34,11 @@ CASES = {
 
 
 @pytest.mark.parametrize("worker", list(CASES))
-def test_a_crashing_child_fails_its_run_and_nothing_else(worker, start_runner, engine):
+def test_a_crashing_child_fails_its_run_and_nothing_else(worker, start_runner, engine, tmp_path):
     runner = start_runner(*FAST)
-    sibling = enqueue(engine, "slow", units=25, pause=0.2)
+    # The sibling runs until the test releases its last batch (a file), not for a fixed time.
+    release = tmp_path / "release-the-sibling"
+    sibling = enqueue(engine, "slow", units=25, pause=0.02, hold=str(release))
     sibling_child = runner.child_for(sibling.run_id)
     crash = enqueue(engine, worker)
     if worker == "memory-hog":
@@ -71,6 +74,8 @@ def test_a_crashing_child_fails_its_run_and_nothing_else(worker, start_runner, e
     # The runner claims the next row.
     nxt = enqueue(engine, "ok", units=2)
     assert wait_status(engine, nxt.run_id, "SUCCESS").runner_id == row.runner_id
+    assert pid_alive(sibling_child["pid"]) and ledger.get_run(engine, sibling.run_id).status == "RUNNING"
+    release.touch()
     done = wait_status(engine, sibling.run_id, "SUCCESS", timeout=60)
     assert done.result == {"processed": 25}
     assert runner.proc.poll() is None

@@ -19,8 +19,10 @@ def _opt(ctx: RunContext, name: str, default: Any) -> Any:
     return (ctx.config.options or {}).get(name, default)
 
 
-def _count_batches(ctx: RunContext, units: int, pause: float) -> dict[str, Any]:
-    """``units`` units in batches of db_batch_size, ``pause`` seconds each, honouring cancellation."""
+def _count_batches(ctx: RunContext, units: int, pause: float, hold: str | None = None) -> dict[str, Any]:
+    """``units`` units in batches of db_batch_size, ``pause`` seconds each, honouring cancellation.
+    ``hold``: a path; the last batch waits until it exists (at most 120 s), so a test keeps the run
+    RUNNING exactly as long as it needs instead of for a fixed time long enough for a loaded machine."""
     remaining = [units]
 
     def fetch(conn, size):
@@ -29,6 +31,10 @@ def _count_batches(ctx: RunContext, units: int, pause: float) -> dict[str, Any]:
         return list(range(take))
 
     for batch in ctx.batches(fetch):
+        if hold and remaining[0] == 0:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(hold) and time.monotonic() < deadline:
+                time.sleep(0.02)
         time.sleep(pause)
         ctx.report_progress(ctx.done + len(batch), units, "unit")
         ctx.result["processed"] = ctx.done
@@ -40,7 +46,7 @@ def run_ok(ctx: RunContext) -> dict[str, Any]:
 
 
 def run_slow(ctx: RunContext) -> dict[str, Any]:
-    return _count_batches(ctx, int(_opt(ctx, "units", 100)), float(_opt(ctx, "pause", 0.2)))
+    return _count_batches(ctx, int(_opt(ctx, "units", 100)), float(_opt(ctx, "pause", 0.2)), _opt(ctx, "hold", None))
 
 
 def run_raises(ctx: RunContext) -> None:

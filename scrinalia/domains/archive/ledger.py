@@ -623,7 +623,7 @@ def active_run(engine: Engine, worker_name: str) -> WorkerRun | None:
 
 
 def active_and_last_runs(
-    engine: Engine, worker_names: Iterable[str]
+    engine: Engine | Connection, worker_names: Iterable[str]
 ) -> dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]]:
     """For each worker: (active run, last terminal run) as JSON dicts, in one statement."""
     with one_statement(engine) as conn:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, text
+from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.types import Text
 
@@ -134,7 +134,7 @@ def request_drain(engine: Engine, runner_id: uuid.UUID, requested_by: str | None
         return conn.execute(_REQUEST_DRAIN, {"runner_id": runner_id, "requested_by": requested_by}).first() is not None
 
 
-def list_runners(engine: Engine, *, stopped_within_hours: int = 24, limit: int = 500) -> list[RunnerRow]:
+def list_runners(engine: Engine | Connection, *, stopped_within_hours: int = 24, limit: int = 500) -> list[RunnerRow]:
     with one_statement(engine) as conn:
         rows = conn.execute(_LIST, {"stopped_within_hours": stopped_within_hours, "limit": limit}).all()
     return [RunnerRow(**r._mapping) for r in rows]

@@ -383,10 +383,13 @@ def load_persisted(engine: Engine | None, worker_name: str) -> PersistedSettings
     return PersistedSettings.from_row(get_settings(engine, worker_name))
 
 
-def active_llm_check_rule(engine: Engine) -> dict[str, Any] | None:
+def active_llm_check_rule(engine: Engine | Connection) -> dict[str, Any] | None:
     """The active LLM_CHECK cleaning rule (at most one, by a partial unique index), read now."""
-    with engine.connect() as conn:
-        row = conn.execute(_LLM_CHECK_RULE).one_or_none()
+    if isinstance(engine, Connection):
+        row = engine.execute(_LLM_CHECK_RULE).one_or_none()
+    else:
+        with engine.connect() as conn:
+            row = conn.execute(_LLM_CHECK_RULE).one_or_none()
     if row is None:
         return None
     out = dict(row._mapping)

