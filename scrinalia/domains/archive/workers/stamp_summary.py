@@ -19,20 +19,31 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from scrinalia.domains.archive.workers.stamps import StampQueue
+from scrinalia.domains.archive.workers.stamps import (
+    PENDING_CLEANING_TEXT_SQL,
+    PENDING_EMBEDDING_SQL,
+    PENDING_NER_SQL,
+    PENDING_QUALITY_SQL,
+    PENDING_TYPOLOGY_SQL,
+    StampQueue,
+)
 
 _TEXT = "archive_text_stamp({a}.title, {a}.scope_and_content, {a}.admin_biographical_history, {a}.provenance)"
 
-#: The queues whose states the triggers of migration 0010 compute, as the migration encodes them.
+#: The queues whose states the triggers of migration 0010 compute, as the migration encodes them. The
+#: stamp expressions are copied (the migration's SQL repeats them); the pending predicates are migration
+#: 0009's functions, which the queues and their partial indexes share.
 SUMMARISED: Mapping[str, StampQueue] = {
-    "embedding": StampQueue(key="embedding", stamp_sql=_TEXT, governed=False),
-    "ner": StampQueue(key="ner", stamp_sql=_TEXT, governed=True),
-    "typology": StampQueue(key="typology", stamp_sql="md5({a}.title)", governed=True),
+    "embedding": StampQueue(key="embedding", stamp_sql=_TEXT, governed=False, pending_sql=PENDING_EMBEDDING_SQL),
+    "ner": StampQueue(key="ner", stamp_sql=_TEXT, governed=True, pending_sql=PENDING_NER_SQL),
+    "typology": StampQueue(key="typology", stamp_sql="md5({a}.title)", governed=True,
+                           pending_sql=PENDING_TYPOLOGY_SQL),
     "quality-validator": StampQueue(
-        key="quality-validator", governed=True,
+        key="quality-validator", governed=True, pending_sql=PENDING_QUALITY_SQL,
         stamp_sql="archive_quality_stamp({a}.title, {a}.scope_and_content, {a}.admin_biographical_history, "
                   "{a}.provenance, {a}.date_text, {a}.date_start, {a}.date_end, {a}.execution_log)"),
-    "cleaning": StampQueue(key="cleaning", stamp_sql=None, governed=True, per_rule=True),
+    "cleaning": StampQueue(key="cleaning", stamp_sql=None, governed=True, per_rule=True,
+                           pending_sql=PENDING_CLEANING_TEXT_SQL),
 }
 
 # Every group with a non-zero sum, and the current rule set's signature (the cleaning queue's pending
