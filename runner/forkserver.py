@@ -182,6 +182,7 @@ class ForkServerLauncher:
         self._exits: list[ChildExit] = []
         self._token = 0
         self._dead = False
+        self._unanswered: set[int] = set()  # spawn tokens that timed out (see ``stalled``)
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -199,6 +200,7 @@ class ForkServerLauncher:
         theirs.close()
         self.link = ours
         self._dead = False
+        self._unanswered = set()
         message = self._recv(self.ready_timeout)
         if message is None or message[0] != "ready":
             self.close()
@@ -238,25 +240,46 @@ class ForkServerLauncher:
     def _handle(self, message: tuple) -> None:
         if message[0] == "exited":
             self._exits.append(message[1])
+        elif message[0] == "spawned" and message[1] in self._unanswered:
+            # The late answer of a spawn that timed out: that child got no assignment and is leaving.
+            self._unanswered.discard(message[1])
+            log.warning("the fork server answered again (child %s of an abandoned spawn request exits)", message[2])
 
-    def spawn(self, channel_fd: int, output_fd: int) -> int:
+    def spawn(self, channel_fd: int, output_fd: int, timeout: float | None = None) -> int:
+        """Ask for a child and wait for its pid, at most ``timeout`` seconds (default 30).
+
+        A fork server that does not answer in time (SIGSTOPped, swapped out) is *stalled*: the spawn
+        fails (the caller closes its ends of the child's socket and pipe, so a child forked later for
+        this request finds no assignment and exits at once), ``stalled`` stays true and nothing more is
+        asked of it until its late answer arrives. The loop is never held longer than ``timeout``."""
         if self.link is None or self._dead:
             raise ForkServerError("the fork server is not running")
+        if self._unanswered:
+            raise ForkServerError("the fork server has not answered an earlier spawn request (stalled)")
         self._token += 1
         token = self._token
-        self.link.setblocking(True)
+        wait = 30.0 if timeout is None else max(0.0, timeout)
+        deadline = time.monotonic() + wait
         try:
+            # Non-blocking: a stopped server's full socket buffer must not hold the loop either.
             socket.send_fds(self.link, [pickle.dumps(("spawn", token))], [channel_fd, output_fd])
-            while True:
-                message = self._recv(30.0)
-                if message is None:
-                    raise ForkServerError("the fork server did not answer a spawn request")
-                if message[0] == "spawned" and message[1] == token:
-                    return int(message[2])
-                self._handle(message)
-        finally:
-            if self.link is not None:
-                self.link.setblocking(False)
+        except BlockingIOError:
+            raise ForkServerError("the fork server does not take spawn requests (its socket is full)") from None
+        while True:
+            message = self._recv(max(0.0, deadline - time.monotonic()))
+            if message is None:
+                if self._dead:
+                    raise ForkServerError("the fork server died during a spawn request")
+                self._unanswered.add(token)
+                raise ForkServerError(f"the fork server did not answer a spawn request within {wait:.3g} s")
+            if message[0] == "spawned" and message[1] == token:
+                return int(message[2])
+            self._handle(message)
+
+    @property
+    def stalled(self) -> bool:
+        """A spawn request is still unanswered: claim nothing that would need this fork server."""
+        return bool(self._unanswered)
 
     def wait_fds(self) -> list[int]:
         return [self.link.fileno()] if self.link is not None and not self._dead else []
@@ -285,6 +308,7 @@ class ForkServerLauncher:
             "preloaded": self.ready_info.get("preloaded", []),
             "preload_seconds": self.ready_info.get("preload_seconds"),
             "healthy": self.healthy(),
+            "stalled": self.stalled,
         }
 
     def close(self) -> None:

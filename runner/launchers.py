@@ -61,7 +61,10 @@ class Launcher(Protocol):
 
     def start(self) -> None: ...
 
-    def spawn(self, channel_fd: int, output_fd: int) -> int: ...
+    #: a spawn request is unanswered (a stopped fork server): the supervisor claims nothing meanwhile
+    stalled: bool
+
+    def spawn(self, channel_fd: int, output_fd: int, timeout: float | None = None) -> int: ...
 
     def wait_fds(self) -> list[int]: ...
 
@@ -78,6 +81,7 @@ class SpawnLauncher:
     """A fresh interpreter per child: nothing inherited, nothing preloaded (seconds with torch)."""
 
     name = "spawn"
+    stalled = False  # fork + exec: no server to wait on
 
     def __init__(self, preload: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.preload = preload
@@ -88,7 +92,7 @@ class SpawnLauncher:
     def start(self) -> None:
         pass
 
-    def spawn(self, channel_fd: int, output_fd: int) -> int:
+    def spawn(self, channel_fd: int, output_fd: int, timeout: float | None = None) -> int:
         argv = [sys.executable, "-m", "runner.child", "--channel-fd", str(channel_fd), "--parent-pid", str(os.getpid())]
         proc = subprocess.Popen(
             argv,

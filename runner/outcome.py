@@ -136,6 +136,12 @@ def _decide(
             f"Timeout: the run exceeded --max-runtime of {max_runtime:g} s and was killed", stderr_tail
         )
         return out
+    if kill_reason == "stalled":
+        from runner.stall import stalled_error
+
+        out.exit_reason = "stalled"
+        out.error = stalled_error(worker, None, stderr_tail, ERROR_MAX)
+        return out
     if kill_reason == "cancel-forced":
         out.status, out.exit_reason = "CANCELLED", "cancel-forced"
         out.error = with_tail(

@@ -38,11 +38,12 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from runner import procinfo, wire
+from runner import bounded, procinfo, wire
 from runner.devices import Device, DevicePlanner, Placement, child_env
 from runner.launchers import ChildExit, Launcher, signal_name
 from runner.options import RunnerOptions
 from runner.outcome import Outcome, decide
+from runner.stall import Action, StallWatch, cpu_seconds
 
 from scrinalia.db.engine import ServerFacts
 from scrinalia.domains.archive import ledger, registry
@@ -88,6 +89,7 @@ class Child:
     gpu_peak_bytes: int = 0
     device: Device | None = None         # the GPU it was given (CUDA_VISIBLE_DEVICES), or None
     gpu_need_bytes: int | None = None    # the GPU memory its worker declared
+    stall: StallWatch | None = None      # its liveness while the worker runs (runner.stall)
     output_tail: bytearray = field(default_factory=bytearray)
     partial_line: bytearray = field(default_factory=bytearray)
     reader: wire.FrameReader = field(init=False)
@@ -327,6 +329,9 @@ class Supervisor:
                 due.append((child.cancel_sent_at + opts.cancel_grace, lambda: self._force_cancel(child)))
             if self.draining and self.drain_deadline is not None:
                 due.append((self.drain_deadline, lambda: self._stop_at_drain_deadline(child)))
+            stall_at = child.stall.due_at() if child.stall is not None else None
+            if stall_at is not None:
+                due.append((stall_at, lambda: self._check_stall(child)))
         if signal.SIGKILL not in child.signals_sent:
             # SIGTERM was not enough; or the child sent its result but does not exit.
             for since in (child.term_sent_at, child.result_at):
@@ -440,10 +445,13 @@ class Supervisor:
     # --- the database ---------------------------------------------------------------------------------
 
     def _db(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._check_lease_margin()  # no step starts past the fence point with live children
         self.statements[what] = self.statements.get(what, 0) + 1
         try:
-            result = fn(self.engine, *args, **kwargs)
+            with bounded.until(self.engine, self._fence_point()):  # nor outlives it (runner.bounded)
+                result = fn(self.engine, *args, **kwargs)
         except SQLAlchemyError as exc:
+            self._check_lease_margin()
             if self.db_state != "unreachable":
                 log.error("database: %s failed: %s", what, _brief(exc))
             self.db_state = "unreachable"
@@ -465,6 +473,17 @@ class Supervisor:
                         run.worker_name, run.runner_id)
 
     # --- heartbeat and the self-fence ------------------------------------------------------------------
+
+    def _fence_point(self) -> float | None:
+        """When the children must be dead if the lease is not renewed (None: no live child to fence)."""
+        if self.lease_deadline is None or all(c.lost or c.fenced for c in self.children.values()):
+            return None
+        return self.lease_deadline - self.options.fence_margin
+
+    def _bounded_wait(self, seconds: float) -> float:
+        """``seconds``, clipped to the fence point: how long the loop may wait on anything now."""
+        point = self._fence_point()
+        return seconds if point is None else max(0.0, min(seconds, point - time.monotonic()))
 
     def _lease_margin(self) -> float:
         if self.lease_deadline is None:
@@ -592,6 +611,7 @@ class Supervisor:
             and not self.fenced
             and self.db_state == "ok"
             and self.launcher.healthy()
+            and not getattr(self.launcher, "stalled", False)
             and len(self.children) < self.options.concurrency
         )
 
@@ -644,7 +664,8 @@ class Supervisor:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         try:
-            pid = self.launcher.spawn(theirs.fileno(), out_w)
+            wait = max(0.02, self._bounded_wait(self.options.spawn_seconds))  # a stopped fork server
+            pid = self.launcher.spawn(theirs.fileno(), out_w, timeout=wait)
         except Exception as exc:
             ours.close()
             os.close(out_r)
@@ -708,6 +729,8 @@ class Supervisor:
             child.reader.eof = True
             self._signal(child, signal.SIGKILL)
             return
+        if messages and child.stall is not None:
+            child.stall.heard(time.monotonic())
         for kind, payload in messages:
             self._on_message(child, kind, payload)
 
@@ -717,6 +740,8 @@ class Supervisor:
             self._record_start(child)
         elif kind == "started":
             child.ready_at = float(payload["t"])
+            own = payload.get("stall_timeout")
+            child.stall = StallWatch(self.options.stall_timeout if own is None else float(own), time.monotonic())
             latency = (child.ready_at - child.claimed_at) * 1000
             log.info("run %s: worker %s running in child %d (%.0f ms after the claim)",
                      child.short_id, child.run.worker_name, child.pid, latency)
@@ -812,6 +837,21 @@ class Supervisor:
                     act()
                     break  # what it did changes what falls due next: the next tick (at once) decides
 
+    def _check_stall(self, child: Child) -> None:
+        """The child's stall deadline fell due: probe its CPU time, dump its stack, or stop it."""
+        assert child.stall is not None
+        action = child.stall.check(time.monotonic(), cpu_seconds(child.pid))
+        if action is Action.DUMP_STACK:
+            log.error("run %s (%s): child %d sent nothing and used no CPU for %.0fs (stall timeout %gs); "
+                      "dumping its stack, then stopping it", child.short_id, child.run.worker_name, child.pid,
+                      child.stall.silent_seconds_at_dump or 0, child.stall.timeout)
+            try:
+                os.kill(child.pid, signal.SIGUSR1)  # the child only: SIGUSR1 would kill what it started
+            except ProcessLookupError:
+                pass
+        elif action is Action.TERMINATE:
+            self._signal(child, signal.SIGTERM, "stalled")
+
     def _stop_overdue(self, child: Child) -> None:
         log.error("run %s (%s): over --max-runtime %gs; killing child %d",
                   child.short_id, child.run.worker_name, self.options.max_runtime, child.pid)
@@ -873,7 +913,8 @@ class Supervisor:
         else:
             outcome = decide(
                 worker=child.run.worker_name, exit=ex, result=child.result, kill_reason=child.kill_reason,
-                signals_sent=child.signals_sent, stderr_tail=child.tail_text(),
+                signals_sent=child.signals_sent,
+                stderr_tail=child.tail_text(200 if child.kill_reason == "stalled" else 25),
                 oom_kills_before=child.oom_kills_at_start, oom_kills_after=oom_after,
                 max_runtime=self.options.max_runtime, cancel_grace=self.options.cancel_grace,
                 drain_timeout=self.options.drain_timeout,

@@ -52,6 +52,7 @@ EXIT_REASONS = (
     "configuration",
     "cuda-error",  # migration 0004: a CUDA error killed the run (device-side assert, illegal access, ...)
     "cuda-oom",    # migration 0004: CUDA out of memory (not the kernel's OOM killer: that is "oom")
+    "stalled",     # migration 0011: no message and no CPU work for the stall timeout (runner.stall)
 )
 USER_ROLES = ("ADMIN", "CURATOR", "VIEWER")
 DOCUMENT_STATUSES = ("DRAFT", "PUBLISHED", "NEEDS_REVIEW", "HUMAN_APPROVED")

@@ -1,0 +1,55 @@
+"""A SIGSTOPped fork server (issue 9): the loop keeps answering ``status``, its heartbeats go on, no
+child outlives its row; the spawn it could not get fails that one run (and nothing more is claimed)
+until the fork server answers again."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from sqlalchemy import text
+
+from scrinalia.domains.archive import ledger
+
+from tests.runner.conftest import enqueue, pid_alive, wait_for, wait_status
+
+pytestmark = pytest.mark.slow
+
+
+def _db_now(engine):
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT now()")).scalar_one()
+
+
+def test_a_stopped_fork_server_does_not_stop_the_loop(start_runner, engine):
+    runner = start_runner("--heartbeat", "1", "--lease", "4", "--poll", "0.2", "--concurrency", "2")
+    server = runner.status()["launcher"]["pid"]
+    running = enqueue(engine, "slow", units=200, pause=0.1)
+    child = runner.child_for(running.run_id)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        blocked = enqueue(engine, "ok")  # claimed: its spawn is not answered
+        row = wait_status(engine, blocked.run_id, "FAILED", timeout=20)
+        assert "did not answer a spawn request" in row.error, row.error
+        beats = []
+        until = time.monotonic() + 10  # 2.5 leases
+        while time.monotonic() < until:
+            status = runner.status(timeout=2.0)  # the loop answers
+            assert status["launcher"]["stalled"] is True
+            beats.append(status["database"]["last_heartbeat_age_seconds"])
+            row = ledger.get_run(engine, running.run_id)
+            now = _db_now(engine)
+            if pid_alive(child["pid"]):  # no child outlives its row
+                assert row.status == "RUNNING" and row.lease_expires_at > now, (row, now)
+            time.sleep(0.2)
+        assert max(beats) < 3.0, beats  # heartbeats went on (every 1 s)
+        assert ledger.get_run(engine, running.run_id).status == "RUNNING"
+    finally:
+        os.kill(server, signal.SIGCONT)
+    wait_for(lambda: runner.status()["launcher"]["stalled"] is False, 10, what="the fork server to answer")
+    after = enqueue(engine, "ok")
+    assert wait_status(engine, after.run_id, "SUCCESS", timeout=30)
+    assert runner.status()["launcher"]["pid"] == server  # the same fork server, not restarted
+    ledger.request_cancel(engine, running.run_id, "test")
+    assert wait_status(engine, running.run_id, ("CANCELLED", "SUCCESS"), timeout=30)
