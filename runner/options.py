@@ -20,6 +20,8 @@ DEFAULT_STALL_TIMEOUT = 600.0  # a child silent (no message, no CPU) this long i
 MIN_FENCE_MARGIN = 0.1       # seconds the self-fence needs between abandoning a statement and the lease end
 MIN_STATEMENT_SECONDS = 0.1  # the shortest statement bound worth sending (one round trip on a loaded host)
 STATEMENT_FLOOR = 2.0        # the bound is at least this much where the lease leaves room for it
+STATEMENT_MAX = 5.0          # and at most this much: the loop (status, the fence) waits on no step longer
+CONNECT_MAX = 2.0            # a new connection (DNS, TCP, TLS, auth) takes at most this much (libpq's minimum)
 SPAWN_ANSWER_SECONDS = 5.0   # the longest the loop waits for the fork server to answer a spawn
 START_METHODS = ("forkserver", "spawn")
 
@@ -102,16 +104,21 @@ class RunnerOptions:
         also the server's ``statement_timeout`` and ``lock_timeout`` for the parent's sessions.
 
         Derived with the fence margin (decision 0110): a heartbeat that fails at its bound leaves time for
-        one retry before the fence point, ``heartbeat + 2 * bound <= lease - fence_margin``; and at least
-        ``STATEMENT_FLOOR`` where that allows, so a loaded server is not cut short. Every step is also
-        clipped to the fence point by the supervisor, so none ever outlives it, whatever the bound."""
+        one retry before the fence point, ``heartbeat + 2 * bound <= lease - fence_margin``; at least
+        ``STATEMENT_FLOOR`` where that allows, so a loaded server is not cut short; at most
+        ``STATEMENT_MAX``, so a silent network holds the loop (``status``, drains, signals) no longer than
+        that. Every step is also clipped to the fence point by the supervisor, so none ever outlives it,
+        whatever the bound."""
         room = (self.lease_seconds - self.fence_margin - self.heartbeat_seconds) / 2
-        return min(max(STATEMENT_FLOOR, min(self.heartbeat_seconds, self.lease_seconds / 4)), room)
+        bound = max(STATEMENT_FLOOR, min(self.heartbeat_seconds, self.lease_seconds / 4))
+        return min(bound, room, STATEMENT_MAX)
 
     @property
     def connect_seconds(self) -> float:
-        """The bound of a new connection (DNS, TCP, TLS, authentication): the statement bound."""
-        return self.statement_seconds
+        """The bound of a new connection (DNS, TCP, TLS, authentication): the statement bound, at most
+        ``CONNECT_MAX``; while the database is away the loop retries with connections only, so this is
+        how long it is held at a time during a partition."""
+        return min(self.statement_seconds, CONNECT_MAX)
 
     @property
     def spawn_seconds(self) -> float:

@@ -283,7 +283,7 @@ class Supervisor:
             self._pump(child)
         self._collect_exits()
         if self.control is not None:
-            self.control.serve_pending(self._control_request)
+            self.control.serve_pending(self._control_request, until=self._fence_point())
         now = time.monotonic()
         if now >= self.next_heartbeat:
             self._heartbeat()

@@ -53,3 +53,38 @@ def test_a_stopped_fork_server_does_not_stop_the_loop(start_runner, engine):
     assert runner.status()["launcher"]["pid"] == server  # the same fork server, not restarted
     ledger.request_cancel(engine, running.run_id, "test")
     assert wait_status(engine, running.run_id, ("CANCELLED", "SUCCESS"), timeout=30)
+
+
+def test_a_control_client_that_trickles_its_request_cannot_hold_the_loop(start_runner, engine):
+    import socket
+    import threading
+
+    runner = start_runner("--heartbeat", "1", "--lease", "4", "--poll", "0.2")
+    running = enqueue(engine, "slow", units=100, pause=0.1)
+    child = runner.child_for(running.run_id)
+    stop = threading.Event()
+
+    def trickle() -> None:  # one byte every 0.2 s, never a newline
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(runner.socket_path))
+            while not stop.is_set():
+                try:
+                    sock.sendall(b" ")
+                except OSError:
+                    return
+                time.sleep(0.2)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        for _ in range(10):
+            status = runner.status(timeout=2.0)
+            assert status["database"]["last_heartbeat_age_seconds"] < 2.5, status["database"]
+            time.sleep(0.3)
+        assert pid_alive(child["pid"])
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    ledger.request_cancel(engine, running.run_id, "test")
+    assert wait_status(engine, running.run_id, ("CANCELLED", "SUCCESS"), timeout=30)

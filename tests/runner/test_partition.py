@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
+from runner.options import RunnerOptions
 from scrinalia.domains.archive import ledger
 
 from tests.runner import netfault
@@ -50,6 +51,8 @@ def _fault(kind: str, port: int, proxy: netfault.SilentProxy | None) -> Iterator
 
 def _partition(kind: str, timings: tuple[str, ...], lease: float, start_runner, runner_env, engine, admin_engine,
                database_url: str) -> dict[str, float]:
+    heartbeat = 15.0 if not timings else float(timings[1])
+    bound = RunnerOptions(name="x", heartbeat_seconds=heartbeat, lease_seconds=lease).validate().statement_seconds
     port = netfault.cluster_port(database_url)
     if kind == "nft":
         netfault.require_nft()
@@ -78,7 +81,7 @@ def _partition(kind: str, timings: tuple[str, ...], lease: float, start_runner, 
             while len(clock.died) < len(pids):
                 assert time.monotonic() < deadline, f"children still alive {lease + 20}s into the partition"
                 try:
-                    runner.status(timeout=2.0)  # the loop is never held by the network
+                    runner.status(timeout=bound + 1.5)  # the loop is held by no step longer than its bound
                     answered += 1
                 except (OSError, ValueError) as exc:
                     unanswered.append(f"{time.time() - started:.1f}s: {exc!r}")
