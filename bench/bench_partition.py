@@ -115,7 +115,7 @@ def one(kind: str, timing: str, url: str, tmp: Path, n: int) -> dict[str, float]
         row = _wait(lambda: (r := ledger.get_run(observer, queued.run_id)).started_at is not None and r, 60,
                     "the first claim after the partition")
         claim = row.started_at.timestamp() - healed
-        for run in runs:  # closed (INTERRUPTED lease-lost) before the next sample enqueues its worker again
+        for run in (*runs, queued):  # closed (INTERRUPTED lease-lost) before the next sample enqueues its worker again
             _wait(lambda run=run: ledger.get_run(observer, run.run_id).status != "RUNNING", lease + 30, "the close")
         return {"fence_s": round(fence, 3), "min_margin_s": round(min(margins), 3), "claim_s": round(claim, 3)}
     finally:
