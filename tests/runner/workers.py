@@ -248,12 +248,16 @@ def run_c_call(ctx: RunContext) -> dict[str, Any]:
 
 
 def run_busy_silent(ctx: RunContext) -> dict[str, Any]:
-    """Burns CPU for ``seconds`` without a message: alive, by its CPU time."""
-    until = time.monotonic() + float(_opt(ctx, "seconds", 10.0))
-    spins = 0
-    while time.monotonic() < until:
-        spins += sum(range(10_000)) and 1
-    return {"spins": spins}
+    """Burns CPU for about ``seconds`` in ONE C call (PBKDF2, its iterations calibrated first), without a
+    message: alive, by its CPU time."""
+    import hashlib
+
+    began = time.monotonic()
+    hashlib.pbkdf2_hmac("sha256", b"stall", b"salt", 200_000)
+    per_iteration = max(1e-9, (time.monotonic() - began) / 200_000)
+    iterations = int(float(_opt(ctx, "seconds", 10.0)) / per_iteration)
+    hashlib.pbkdf2_hmac("sha256", b"stall", b"salt", iterations)
+    return {"iterations": iterations}
 
 
 ALL.extend([
