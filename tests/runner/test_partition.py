@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextlib import ExitStack, contextmanager
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import pytest
 from sqlalchemy import Engine, text
