@@ -183,8 +183,17 @@ class ForkServerLauncher:
         self._token = 0
         self._dead = False
         self._unanswered: set[int] = set()  # spawn tokens that timed out (see ``stalled``)
+        self._ready_by: float | None = None  # a background start's deadline (see ``start``)
+        self._start_error: str | None = None
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Start the fork server. ``wait``: until it is ready (at the supervisor's start). Without: return
+        at once (a restart from the loop: preloading torch takes seconds, the loop must go on); it is
+        ``starting`` (``stalled``: nothing is claimed) until its "ready" arrives through
+        ``collect_exits``. A background start that fails (it dies, times out or initialised CUDA) makes
+        the next ``start`` raise, so a fork server that cannot start is not restarted forever."""
+        if self._start_error is not None:
+            raise ForkServerError(self._start_error)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ if self.env is None else self.env)
         env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
@@ -201,15 +210,28 @@ class ForkServerLauncher:
         self.link = ours
         self._dead = False
         self._unanswered = set()
+        if not wait:
+            self.link.setblocking(False)
+            self._ready_by = time.monotonic() + self.ready_timeout
+            return
         message = self._recv(self.ready_timeout)
         if message is None or message[0] != "ready":
             self.close()
             raise ForkServerError(f"the fork server did not start (got {message!r})")
-        self.ready_info = message[1]
-        if self.ready_info.get("cuda_initialized"):
+        self._ready(message[1])
+        self.link.setblocking(False)
+
+    def _ready(self, info: dict[str, Any]) -> None:
+        self.ready_info = info
+        if info.get("cuda_initialized"):
             self.close()
             raise ForkServerError("the fork server initialised CUDA while preloading; refusing to fork from it")
-        self.link.setblocking(False)
+        self._ready_by = None
+
+    @property
+    def starting(self) -> bool:
+        """Started in the background and not ready yet."""
+        return self._ready_by is not None
 
     def _recv(self, timeout: float | None) -> tuple | None:
         assert self.link is not None
@@ -238,7 +260,15 @@ class ForkServerLauncher:
         return pickle.loads(data)
 
     def _handle(self, message: tuple) -> None:
-        if message[0] == "exited":
+        if message[0] == "ready" and self._ready_by is not None:
+            try:
+                self._ready(message[1])
+            except ForkServerError as exc:
+                self._start_error = str(exc)
+            else:
+                log.warning("fork server pid %s ready again (preloaded in %ss)", self.pid,
+                            message[1].get("preload_seconds"))
+        elif message[0] == "exited":
             self._exits.append(message[1])
         elif message[0] == "spawned" and message[1] in self._unanswered:
             # The late answer of a spawn that timed out: that child got no assignment and is leaving.
@@ -278,8 +308,9 @@ class ForkServerLauncher:
 
     @property
     def stalled(self) -> bool:
-        """A spawn request is still unanswered: claim nothing that would need this fork server."""
-        return bool(self._unanswered)
+        """A spawn request is still unanswered, or the fork server is still starting: claim nothing that
+        would need it."""
+        return bool(self._unanswered) or self._ready_by is not None
 
     def wait_fds(self) -> list[int]:
         return [self.link.fileno()] if self.link is not None and not self._dead else []
@@ -290,6 +321,13 @@ class ForkServerLauncher:
             if message is None:
                 break
             self._handle(message)
+        if self._ready_by is not None and not self._dead and time.monotonic() > self._ready_by:
+            self._start_error = f"the fork server was not ready within {self.ready_timeout:g} s"
+            if self.proc is not None:
+                self.proc.kill()
+            self._dead = True
+        if self._dead and self._ready_by is not None and self._start_error is None:
+            self._start_error = "the fork server died while preloading"
         exits, self._exits = self._exits, []
         return exits
 
@@ -309,6 +347,7 @@ class ForkServerLauncher:
             "preload_seconds": self.ready_info.get("preload_seconds"),
             "healthy": self.healthy(),
             "stalled": self.stalled,
+            "starting": self.starting,
         }
 
     def close(self) -> None:

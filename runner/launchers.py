@@ -59,7 +59,7 @@ class Launcher(Protocol):
     name: str
     child_preload: tuple[str, ...]  # what a child imports itself before it runs (the assignment's "preload")
 
-    def start(self) -> None: ...
+    def start(self, wait: bool = True) -> None: ...
 
     #: a spawn request is unanswered (a stopped fork server): the supervisor claims nothing meanwhile
     stalled: bool
@@ -89,7 +89,7 @@ class SpawnLauncher:
         self.env = env
         self._children: dict[int, tuple[subprocess.Popen, int | None]] = {}
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
         pass
 
     def spawn(self, channel_fd: int, output_fd: int, timeout: float | None = None) -> int:

@@ -886,8 +886,8 @@ class Supervisor:
         if self.draining:
             return
         try:
-            self.launcher.start()
-            log.warning("fork server restarted")
+            self.launcher.start(wait=False)  # preloading (torch: seconds) off the loop
+            log.warning("fork server restarting (claims resume when it is ready)")
         except Exception as exc:
             log.critical("the fork server cannot be restarted (%s); stopping", _brief(exc))
             self.exit_code = 1

@@ -88,3 +88,23 @@ def test_a_control_client_that_trickles_its_request_cannot_hold_the_loop(start_r
         thread.join(timeout=5)
     ledger.request_cancel(engine, running.run_id, "test")
     assert wait_status(engine, running.run_id, ("CANCELLED", "SUCCESS"), timeout=30)
+
+
+def test_a_fork_server_restart_preloads_off_the_loop(start_runner, runner_env, engine):
+    env = dict(runner_env, SLOW_IMPORT_SECONDS="5")
+    runner = start_runner("--heartbeat", "1", "--lease", "4", "--poll", "0.2", env=env,
+                          preload="tests.runner.slow_import")
+    first = runner.status()["launcher"]["pid"]
+    os.kill(first, signal.SIGKILL)
+    starting = wait_for(lambda: (s := runner.status(timeout=2.0))["launcher"].get("starting") and s, 10,
+                        what="the fork server restarting")
+    assert starting["launcher"]["pid"] != first
+    queued = enqueue(engine, "ok")  # waits for the new fork server: nothing is claimed meanwhile
+    answered = 0
+    while runner.status(timeout=1.0)["launcher"]["starting"]:  # the loop answers while it preloads
+        answered += 1
+        assert ledger.get_run(engine, queued.run_id).status == "QUEUED"
+        time.sleep(0.2)
+    assert answered >= 5
+    assert wait_status(engine, queued.run_id, "SUCCESS", timeout=30)
+    assert "fork server restarting" in runner.log()
