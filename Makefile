@@ -1,13 +1,16 @@
 # Scrinalia runner: the two commands a newcomer needs.
 #   make dev   everything (embedded PostgreSQL, API + panel, a runner)
-#   make test  the whole test suite against a real PostgreSQL
+#   make test  the linter and the type checker, then the whole test suite against a real PostgreSQL
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: dev test install bench clean system-deps
+.PHONY: dev test lint install bench clean system-deps
+
+# What `make lint` checks: every Python tree of the repository (configuration in pyproject.toml).
+LINT_PATHS = scrinalia runner migrations bench tests
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,7 +37,11 @@ system-deps:
 	  echo "missing Debian packages:$$missing (install them as root)"; \
 	fi
 
-test: install system-deps
+lint: install
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/mypy $(LINT_PATHS)
+
+test: install system-deps lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 dev: install
@@ -44,4 +51,4 @@ bench: install
 	for script in bench/bench_*.py; do $(PY) $$script || exit 1; done
 
 clean:
-	rm -rf $(VENV) .scrinalia .pytest_cache
+	rm -rf $(VENV) .scrinalia .pytest_cache .mypy_cache .ruff_cache

@@ -10,6 +10,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -42,7 +43,7 @@ def bench_database(prefix: str = "bench") -> Iterator[str]:
             for extension in ("pg_stat_statements", "pg_walinspect"):
                 try:
                     conn.execute(text(f"CREATE EXTENSION IF NOT EXISTS {extension}"))
-                except Exception:  # noqa: BLE001 - not loaded / not installed on BENCH_DATABASE_URL's server
+                except Exception:  # not loaded / not installed on BENCH_DATABASE_URL's server
                     pass
         probe.dispose()
         yield url
@@ -80,11 +81,11 @@ class ServerCost:
     def stop(self) -> dict:
         with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             end = conn.execute(text("SELECT pg_current_wal_lsn()")).scalar_one()
-            out = {"wal_bytes": int(conn.execute(text("SELECT pg_wal_lsn_diff(:b, :a)"),
+            out: dict[str, Any] = {"wal_bytes": int(conn.execute(text("SELECT pg_wal_lsn_diff(:b, :a)"),
                                                  {"a": self.lsn, "b": end}).scalar_one())}
             # pg_walinspect reads flushed WAL only: bound the window by the flush position.
-            flushed = conn.execute(text("SELECT LEAST(CAST(:b AS pg_lsn), pg_current_wal_flush_lsn()) > CAST(:a AS pg_lsn), "
-                                        "LEAST(CAST(:b AS pg_lsn), pg_current_wal_flush_lsn())"),
+            flushed = conn.execute(text("SELECT LEAST(CAST(:b AS pg_lsn), pg_current_wal_flush_lsn()) "
+                                        "> CAST(:a AS pg_lsn), LEAST(CAST(:b AS pg_lsn), pg_current_wal_flush_lsn())"),
                                    {"a": self.lsn, "b": end}).one()
             if flushed[0]:
                 end = flushed[1]

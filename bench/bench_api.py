@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import text
 
-from bench._pg import bench_database, percentile  # noqa: E402
-from scrinalia.db.engine import create_engine_from_url  # noqa: E402
+from bench._pg import bench_database, percentile
+from scrinalia.db.engine import create_engine_from_url
 
 SEED_DOCUMENTS = text(
     """
@@ -103,7 +103,8 @@ SEED_RUNS = text(
            now() - make_interval(secs => g * 31.5), now() - make_interval(secs => g * 31.5 - 1),
            now() - make_interval(secs => g * 31.5 - 30), 29000, :runner, 1,
            CASE WHEN g % 10 = 0 THEN (ARRAY['RuntimeError: CUDA error: out of memory on device ',
-                 'OSError: cannot open /models/m', 'ValueError: bad row ', 'TimeoutError: engine stalled after '])[1 + (g / 10) % 4]
+                 'OSError: cannot open /models/m', 'ValueError: bad row ',
+                 'TimeoutError: engine stalled after '])[1 + (g / 10) % 4]
                  || (g % 15) END,
            CASE WHEN g % 10 = 0 THEN 'exception' END
       FROM generate_series(:start, :stop - 1) AS g

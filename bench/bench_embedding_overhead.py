@@ -24,11 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import text
 
-from bench._pg import bench_database  # noqa: E402
-from scrinalia.db.engine import create_engine_from_url  # noqa: E402
-from scrinalia.domains.archive.demo import demo_path  # noqa: E402
+from bench._pg import bench_database
+from scrinalia.db.engine import create_engine_from_url
+from scrinalia.domains.archive.demo import demo_path
 
 BATCH = 32          # texts per forward pass, both sides
 DB_BATCH = 128      # documents per fenced commit (the worker's default)
@@ -41,15 +41,17 @@ from scrinalia.domains.archive.workers.engines.embedding import TransformersEmbe
 from scrinalia.domains.archive.workers.stamps import COMPOSED_TEXT_SQL
 engine = create_engine(sys.argv[1])
 with engine.connect() as conn:
-    texts = list(conn.execute(text("SELECT " + COMPOSED_TEXT_SQL.format(a="d") + " FROM archive_documents d ORDER BY id")).scalars())
-model = TransformersEmbedder({"model": None, "device": "cpu", "dtype": "float32", "batch_size": %d, "max_length": 256})
+    sql = "SELECT " + COMPOSED_TEXT_SQL.format(a="d") + " FROM archive_documents d ORDER BY id"
+    texts = list(conn.execute(text(sql)).scalars())
+model = TransformersEmbedder({"model": None, "device": "cpu", "dtype": "float32", "batch_size": {batch},
+                              "max_length": 256})
 t1 = time.perf_counter()
 vectors = []
-for start in range(0, len(texts), %d):
-    vectors.extend(model.embed(texts[start:start + %d]))
+for start in range(0, len(texts), {db_batch}):
+    vectors.extend(model.embed(texts[start:start + {db_batch}]))
 t2 = time.perf_counter()
 print(json.dumps({"n": len(vectors), "embed_seconds": t2 - t1, "setup_seconds": t1 - t0}))
-""" % (BATCH, DB_BATCH, DB_BATCH)
+""".replace("{batch}", str(BATCH)).replace("{db_batch}", str(DB_BATCH))
 
 
 def seed(engine, n: int) -> None:
@@ -63,7 +65,8 @@ def seed(engine, n: int) -> None:
         conn.execute(text("""INSERT INTO archive_documents (reference_code, title, scope_and_content,
             admin_biographical_history, provenance) SELECT reference_code, title, scope_and_content,
             admin_biographical_history, provenance FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
-            reference_code text, title text, scope_and_content text, admin_biographical_history text, provenance text)"""),
+            reference_code text, title text, scope_and_content text, admin_biographical_history text,
+            provenance text)"""),
             {"rows": json.dumps(rows)})
 
 
@@ -84,7 +87,7 @@ def runner(url: str, engine, n: int) -> dict:
     run = run_once(url, "embedding", {"preset": "cpu", "db_batch_size": DB_BATCH,
                                       "engine_options": {"batch_size": BATCH}}, requested_by="bench")
     wall = time.perf_counter() - t0
-    assert run.status == "SUCCESS", run.error
+    assert run.status == "SUCCESS" and run.result is not None and run.metrics is not None, run.error
     assert run.result["embedded"] == n, run.result
     return {"wall_seconds": wall, "worker_seconds": run.metrics.get("worker_seconds"),
             "units_per_second": run.metrics.get("units_per_second")}

@@ -26,13 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import text
 
-from bench._pg import ServerCost, bench_database  # noqa: E402
-from bench.bench_runner import Daemon  # noqa: E402
-from scrinalia.db.engine import ServerFacts, create_engine_from_url  # noqa: E402
-from scrinalia.domains.archive import ledger  # noqa: E402
-from scrinalia.domains.archive.worker_settings import get_settings  # noqa: E402
+from bench._pg import ServerCost, bench_database
+from bench.bench_runner import Daemon
+from scrinalia.db.engine import ServerFacts, create_engine_from_url
+from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.worker_settings import get_settings
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -93,7 +93,7 @@ def idle(url: str, engine, tmp: Path, runners: int, seconds: float) -> dict:
         for d in daemons:
             d.stop()
     out = {"runners": runners, "seconds": seconds, "wal_bytes_per_s": round(spent["wal_bytes"] / seconds, 1),
-           "autovacuum_in_window": {t: [a - b for a, b in zip(after[t], before.get(t, (0, 0)))]
+           "autovacuum_in_window": {t: [a - b for a, b in zip(after[t], before.get(t, (0, 0)), strict=True)]
                                     for t in after if after[t] != before.get(t, (0, 0))}}
     if "statements" in spent:
         out["statements_per_s"] = round(spent["statements"] / seconds, 2)
@@ -150,7 +150,7 @@ def per_run(url: str, engine, tmp: Path, runs: int) -> dict:
         for _ in range(runs):
             run = ledger.enqueue(engine, "bench-noop", {})
             deadline = time.monotonic() + 60
-            while ledger.get_run(engine, run.run_id).status != "SUCCESS":
+            while getattr(ledger.get_run(engine, run.run_id), "status", None) != "SUCCESS":
                 polls += 1
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"run {run.run_id} did not finish")

@@ -24,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import text
 
-from bench._pg import ServerCost, bench_database, percentile  # noqa: E402
-from scrinalia.db.engine import create_engine_from_url  # noqa: E402
-from scrinalia.domains.archive import ledger, registry  # noqa: E402
+from bench._pg import ServerCost, bench_database, percentile
+from scrinalia.db.engine import create_engine_from_url
+from scrinalia.domains.archive import ledger, registry
 
 WORKERS = [f"worker-{i}" for i in range(8)]
 FLAT_RATIO_MAX = 2.0
@@ -51,7 +51,8 @@ GROW_HISTORY = text(
 
 def explain(engine, sql: str, params: dict) -> str:
     with engine.begin() as conn:
-        plan = conn.execute(text("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + sql), params).scalars().all()
+        explained = text("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + sql)
+        plan = conn.execute(explained, params).scalars().all()
         conn.rollback()
     return "\n".join(plan)
 

@@ -30,12 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import text
 
-from bench._pg import bench_database, percentile  # noqa: E402
-from bench.bench_runner import Daemon, _env, _wait_row  # noqa: E402
-from scrinalia.db.engine import create_engine_from_url  # noqa: E402
-from scrinalia.domains.archive import ledger  # noqa: E402
+from bench._pg import bench_database, percentile
+from bench.bench_runner import Daemon, _env, _wait_row
+from scrinalia.db.engine import create_engine_from_url
+from scrinalia.domains.archive import ledger
 
 DEFAULT_CADENCE = ("--heartbeat", "15", "--lease", "60", "--poll", "2", "--preload", "none")
 
@@ -59,7 +59,7 @@ def _wait_serving(engine, names: list[str], timeout: float = 180.0) -> None:
     raise RuntimeError("the runners do not serve")
 
 
-def pickup_latency(url, engine, tmp, listen: bool, samples: int) -> list[float]:
+def pickup_latency(url, engine, tmp, listen: bool, samples: int) -> tuple[list[float], list[float], list[float]]:
     name = f"pickup-{'listen' if listen else 'poll'}"
     flags = [*DEFAULT_CADENCE, "--capabilities", "bench-stamp", "--listen" if listen else "--no-listen"]
     daemon = Daemon(url, tmp, name, *flags)
@@ -142,10 +142,11 @@ def panel_latency(url, engine, samples: int) -> list[float]:
               const card = document.querySelector('article[data-worker="bench-noop"]');
               new MutationObserver(() => {
                 const last = window.__changes[window.__changes.length - 1];
-                if (!last || last.state !== card.dataset.state) window.__changes.push({ t: Date.now(), state: card.dataset.state });
+                if (!last || last.state !== card.dataset.state)
+                  window.__changes.push({ t: Date.now(), state: card.dataset.state });
               }).observe(card, { attributes: true, attributeFilter: ['data-state'] });
             }""")
-            for i in range(samples):
+            for _ in range(samples):
                 time.sleep(random.uniform(0.2, 0.6))
                 run = ledger.enqueue(engine, "bench-noop", {})
                 values.append(_seen(page, "queued", time.time()))

@@ -26,19 +26,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import text  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
-from bench._pg import bench_database  # noqa: E402
-from runner import control  # noqa: E402
-from scrinalia.db.engine import create_engine_from_url  # noqa: E402
-from scrinalia.domains.archive import ledger  # noqa: E402
-from tests.runner import netfault  # noqa: E402
+from bench._pg import bench_database
+from runner import control
+from scrinalia.db.engine import create_engine_from_url
+from scrinalia.domains.archive import ledger
+from tests.runner import netfault
 
 TIMINGS = {"short": (1.0, 4.0), "defaults": (15.0, 60.0)}
 
@@ -102,21 +103,25 @@ def one(kind: str, timing: str, url: str, tmp: Path, n: int) -> dict[str, float]
             fence = max(clock.died.values()) - started
             margins = []
             for run_id, pid in children.items():
-                row = ledger.get_run(observer, run_id)
-                margins.append(row.lease_expires_at.timestamp() - clock.died[pid])
+                held = ledger.get_run(observer, run_id)
+                assert held is not None and held.lease_expires_at is not None
+                margins.append(held.lease_expires_at.timestamp() - clock.died[pid])
             queued = ledger.enqueue(observer, "ok", {}, requested_by="bench")
             time.sleep(0.5)
         finally:
             if fault is not None:
                 fault.__exit__(None, None, None)
-            else:
+            elif proxy is not None:
                 proxy.heal()
         healed = time.time()
-        row = _wait(lambda: (r := ledger.get_run(observer, queued.run_id)).started_at is not None and r, 60,
-                    "the first claim after the partition")
-        claim = row.started_at.timestamp() - healed
+        def claimed() -> datetime | None:
+            row = ledger.get_run(observer, queued.run_id)
+            return row.started_at if row is not None else None
+
+        claim = _wait(claimed, 60, "the first claim after the partition").timestamp() - healed
         for run in (*runs, queued):  # closed (INTERRUPTED lease-lost) before the next sample enqueues its worker again
-            _wait(lambda run=run: ledger.get_run(observer, run.run_id).status != "RUNNING", lease + 30, "the close")
+            _wait(lambda run=run: getattr(ledger.get_run(observer, run.run_id), "status", None) != "RUNNING",
+                  lease + 30, "the close")
         return {"fence_s": round(fence, 3), "min_margin_s": round(min(margins), 3), "claim_s": round(claim, 3)}
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -27,12 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import event, text  # noqa: E402
+from sqlalchemy import event, text
 
-from bench._pg import bench_database, percentile  # noqa: E402
-from runner import control  # noqa: E402
-from scrinalia.db.engine import create_engine_from_url  # noqa: E402
-from scrinalia.domains.archive import ledger  # noqa: E402
+from bench._pg import bench_database, percentile
+from runner import control
+from scrinalia.db.engine import create_engine_from_url
+from scrinalia.domains.archive import ledger
 
 PLUGINS = "bench.runner_workers:ALL"
 
@@ -91,6 +91,7 @@ def _wait_row(engine, run_id, statuses, timeout=120.0):
     deadline = time.monotonic() + timeout
     while True:
         row = ledger.get_run(engine, run_id)
+        assert row is not None, run_id
         if row.status in statuses:
             return row
         if time.monotonic() > deadline:

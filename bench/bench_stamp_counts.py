@@ -12,15 +12,16 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import text
 
-from bench._pg import bench_database, percentile  # noqa: E402
-from scrinalia.db.engine import create_engine_from_url  # noqa: E402
-from scrinalia.domains.archive.workers import cleaning, embedding, ner, quality, typology  # noqa: E402
+from bench._pg import bench_database, percentile
+from scrinalia.db.engine import create_engine_from_url
+from scrinalia.domains.archive.workers import cleaning, embedding, ner, quality, typology
 
 SPECS = [embedding.SPEC, ner.SPEC, typology.SPEC, quality.SPEC, cleaning.SPEC]
 
@@ -38,8 +39,10 @@ SELECT 'B/' || g, 'Letters of correspondent ' || g || ' to the council of town '
 
 STAMP_ALL = text("""
 UPDATE archive_documents SET execution_log = jsonb_build_object(
-  'embedding', jsonb_build_object('stamp', archive_text_stamp(title, scope_and_content, admin_biographical_history, provenance), 'status', 'DONE', 'run_id', 'r'),
-  'ner', jsonb_build_object('stamp', archive_text_stamp(title, scope_and_content, admin_biographical_history, provenance), 'status', 'DONE', 'run_id', 'r'),
+  'embedding', jsonb_build_object('stamp', archive_text_stamp(title, scope_and_content, admin_biographical_history,
+                                                              provenance), 'status', 'DONE', 'run_id', 'r'),
+  'ner', jsonb_build_object('stamp', archive_text_stamp(title, scope_and_content, admin_biographical_history,
+                                                        provenance), 'status', 'DONE', 'run_id', 'r'),
   'typology', jsonb_build_object('stamp', md5(title), 'status', 'DONE', 'run_id', 'r'))
 """)
 STAMP_QUALITY = text("""
@@ -74,8 +77,8 @@ def timed(fn, samples):
 def measure(engine, samples, label):
     rows = []
     for spec in SPECS:
-        pending, p_ms = timed(lambda: spec.pending_count(engine), samples)
-        counts, c_ms = timed(lambda: spec.counts(engine), samples)
+        pending, p_ms = timed(partial(spec.pending_count, engine), samples)
+        counts, c_ms = timed(partial(spec.counts, engine), samples)
         rows.append({"state": label, "worker": spec.name, "pending": pending, "pending_count_ms": round(p_ms, 2),
                      "counts": counts, "counts_ms": round(c_ms, 2)})
         print(json.dumps(rows[-1]), flush=True)

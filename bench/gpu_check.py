@@ -80,7 +80,8 @@ def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 300
         argv = ["runuser", "-u", user, "--", *argv]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
     if check and done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[:3])} ... failed ({done.returncode}): {done.stderr[-2000:] or done.stdout[-2000:]}")
+        output = done.stderr[-2000:] or done.stdout[-2000:]
+        raise RuntimeError(f"{' '.join(argv[:3])} ... failed ({done.returncode}): {output}")
     return done
 
 
@@ -179,7 +180,8 @@ def helper_seed(url: str, n: int) -> None:
         conn.execute(text("""INSERT INTO archive_documents (reference_code, title, scope_and_content,
             admin_biographical_history, provenance) SELECT reference_code, title, scope_and_content,
             admin_biographical_history, provenance FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS x(
-            reference_code text, title text, scope_and_content text, admin_biographical_history text, provenance text)"""),
+            reference_code text, title text, scope_and_content text, admin_biographical_history text,
+            provenance text)"""),
                      {"rows": json.dumps(rows)})
         conn.execute(text("ANALYZE archive_documents"))
     engine.dispose()
@@ -287,8 +289,8 @@ class Project:
 
     def cli(self, name: str, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
         exe = self.bindir / name
-        argv = [str(exe), *args] if exe.exists() else [str(self.py), "-m",
-                                                        {"scrinalia": "scrinalia.cli.main", "scrinalia-runner": "runner.cli"}[name], *args]
+        module = {"scrinalia": "scrinalia.cli.main", "scrinalia-runner": "runner.cli"}[name]
+        argv = [str(exe), *args] if exe.exists() else [str(self.py), "-m", module, *args]
         return run(argv, env=self.env, timeout=timeout, check=check)
 
     def helper(self, *args: str, timeout: float = 300) -> str:
@@ -351,7 +353,8 @@ def step_daemon(p: Project, report: Report, work: Path, model: str, docs: int) -
     log = open(work / "runner.log", "wb")
     daemon = subprocess.Popen(
         [str(p.bindir / "scrinalia-runner"), "daemon", "--name", "gpucheck", "--concurrency", "2", "--per-device", "2",
-         "--devices", "0" if REHEARSAL else "auto", "--heartbeat", "1", "--lease", "10", "--poll", "0.2", "--socket", str(sock),
+         "--devices", "0" if REHEARSAL else "auto", "--heartbeat", "1", "--lease", "10", "--poll", "0.2",
+         "--socket", str(sock),
          "--preload", "torch,transformers"], env=p.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     out: dict[str, Any] = {}
     try:
@@ -396,15 +399,16 @@ def step_daemon(p: Project, report: Report, work: Path, model: str, docs: int) -
         report.check("2 the run's metrics record the device's name and UUID and the child's peak GPU memory",
                      bool((metrics.get("device") or {}).get("uuid") and (metrics.get("device") or {}).get("name")
                           and metrics.get("gpu_peak_bytes")), {k: metrics.get(k) for k in ("device", "gpu_peak_bytes")})
-        report.check("3 status --json showed each child's GPU memory", peaks.get(embed, 0) > 0 and peaks.get(crash, 0) > 0,
-                     peaks)
+        report.check("3 status --json showed each child's GPU memory",
+                     peaks.get(embed, 0) > 0 and peaks.get(crash, 0) > 0, peaks)
         report.check("3 no libcuda in the supervisor's and the fork server's maps",
                      not libcuda_mapped(out["supervisor_pid"]) and out["fork_server_pid"] is not None
                      and not libcuda_mapped(out["fork_server_pid"]), out)
         third = p.enqueue("gpu-probe", {"options": {"matmul_size": 2048, "repeats": 5}})
         rows = p.wait_runs([third], 120)
         t = rows.get(third, {})
-        same = ((t.get("metrics") or {}).get("device") or {}).get("uuid") == ((c.get("metrics") or {}).get("device") or {}).get("uuid")
+        same = (((t.get("metrics") or {}).get("device") or {}).get("uuid")
+                == ((c.get("metrics") or {}).get("device") or {}).get("uuid"))
         report.check("2 a third run on the same device afterwards succeeds", t.get("status") == "SUCCESS" and same,
                      {k: t.get(k) for k in ("status", "error")} | {"device": (t.get("metrics") or {}).get("device")})
         out["crash"] = {k: c.get(k) for k in ("exit_reason", "error_fingerprint", "metrics")}
@@ -493,7 +497,7 @@ def main() -> int:
         step_probe(p, report, args.dry)
         if not args.dry or REHEARSAL:
             report.figures.update(step_daemon(p, report, work, model, args.docs))
-    except Exception as exc:  # noqa: BLE001 - a broken step is a failed check, with its reason
+    except Exception as exc:  # a broken step is a failed check, with its reason
         report.check("the check ran to its end", False, f"{type(exc).__name__}: {exc}"[:3000])
     finally:
         if cluster is not None:

@@ -63,7 +63,8 @@ async def main() -> None:
             wal = sql(args.conninfo, "SELECT pg_wal_lsn_diff(%s, %s)", (end, start))[0][0]
             rows = sql(args.conninfo, "SELECT query, calls FROM pg_stat_statements WHERE dbid = "
                                       "(SELECT oid FROM pg_database WHERE datname = current_database()) "
-                                      "AND query !~ 'pg_stat_statements|pg_current_wal_lsn|pg_wal_lsn_diff|bench_poll|CHECKPOINT' "
+                                      "AND query !~ 'pg_stat_statements|pg_current_wal_lsn|pg_wal_lsn_diff"
+                                      "|bench_poll|CHECKPOINT' "
                                       "ORDER BY calls DESC")
             windows.append({"window": label, "wal_bytes_per_cycle": round(float(wal) / args.samples),
                             "statements_per_cycle": round(sum(r[1] for r in rows) / args.samples, 2),

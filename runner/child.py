@@ -268,10 +268,12 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     from scrinalia.domains.archive.errors import InvalidRunRequest
     from scrinalia.domains.archive.workers.sdk import (
         DatabaseLayer,
+        DatabaseOutage,  # issue 9
         LeaseLost,
         PersistedSettings,
         RunCancelled,
         RunContext,
+        resolve_for_run,  # issue 9
     )
 
     if catalogue is None:
@@ -310,7 +312,11 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     if known is not None and spec.engine_source != "llm_check_rule":
         layer = DatabaseLayer(settings={run.worker_name: PersistedSettings.from_row(known["row"])})
     try:
-        resolved = spec.resolve(engine, run.request or {}, layer=layer)
+        resolved = resolve_for_run(spec, engine, run, layer)  # issue 9: a short outage is retried
+    except DatabaseOutage as exc:  # issue 9: an outage is not a configuration failure
+        link.send("result", {"status": "FAILED", "error": format_error(exc)[:ERROR_MAX], "reason": None,
+                             "metrics": _metrics(None, 0)})
+        return 1
     except Exception as exc:
         return fail(format_error(exc))
     link.batch_size = getattr(resolved, "db_batch_size", None)

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -28,7 +28,7 @@ def setup_logging(level: str) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
-def _fail(code: int, message: str) -> None:
+def _fail(code: int, message: str) -> NoReturn:
     click.echo(f"scrinalia-runner: {message}", err=True)
     sys.exit(code)
 
@@ -171,8 +171,8 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
     from runner.forkserver import ForkServerError, ForkServerLauncher
     from runner.launchers import SpawnLauncher
     from runner.sdnotify import Notifier
-    from runner.supervisor import Supervisor, _brief
-
+    from runner.supervisor import Supervisor
+    from scrinalia.db.errors import database_problem
     from scrinalia.domains.archive.workers.plugins import PluginError, load_catalogue
 
     try:
@@ -200,10 +200,11 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
         engine.dispose()
         return opts.EXIT_SCHEMA_BEHIND
     except SQLAlchemyError as exc:
-        log.error("the database does not answer (%s)", _brief(exc))
+        log.error("%s", database_problem(exc))
         engine.dispose()
         return opts.EXIT_DATABASE
 
+    assert options.socket_path is not None, "run_daemon sets the default socket path"
     control = ControlServer(options.socket_path)
     try:
         control.open()
@@ -228,6 +229,7 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
     planner = DevicePlanner(owned, options.per_device, needs_of({c: catalogue[c] for c in capabilities}),
                             free_memory=gpu.free_memory)
     _log_devices(options, planner, nvml_devices)
+    launcher: ForkServerLauncher | SpawnLauncher
     if options.start_method == "forkserver":
         launcher = ForkServerLauncher(options.preload, title=f"scrinalia-runner: fork server {options.name}")
     else:
@@ -236,7 +238,7 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
         options,
         engine=engine,
         database_url=url.render(),
-        child_connect_args=child_connect_args(settings),
+        child_connect_args=child_connect_args(settings, options),
         launcher=launcher,
         registration=registration(options, capabilities, kind="daemon", schema_revision=revision,
                                   devices=planner.registry_devices(nvml_devices)),
@@ -256,7 +258,7 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
         log.error("%s", exc)
         return 1
     except SQLAlchemyError as exc:
-        log.error("the database does not answer (%s)", _brief(exc))
+        log.error("%s", database_problem(exc))
         return opts.EXIT_DATABASE
     finally:
         sup.close()
@@ -269,7 +271,6 @@ def _wakeup(options: RunnerOptions, engine: Any, capabilities: list[str], settin
         log.info("not listening for notifications (--no-listen): claiming every %gs", options.poll_seconds)
         return None
     from runner.wakeup import Wakeup
-
     from scrinalia.db.engine import connect_args_for
 
     args = connect_args_for(settings, "scrinalia-runner-listen")
@@ -303,26 +304,40 @@ def _log_devices(options: RunnerOptions, planner: Any, nvml_devices: list[dict[s
 @click.option("--name", default=None, help="The local runner with this --name.")
 def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, name: str | None) -> None:
     """Show the local supervisor's children (over its control socket), or the registry with --all."""
-    from runner import control, status
-
     if all_runners:
-        from scrinalia.db.engine import runner_engine
-        from scrinalia.domains.archive import registry
+        _registry_status(as_json)
+    else:
+        _local_status(as_json, socket_path, name)
 
-        settings = _settings()
-        try:
-            engine = runner_engine(settings, application_name="scrinalia-runner-status")
-        except Exception as exc:
-            _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
-        try:
-            rows = registry.list_runners(engine)
-        finally:
-            engine.dispose()
-        if as_json:
-            click.echo(status.dumps([status.runner_row_json(r) for r in rows]))
-        else:
-            click.echo(status.render_registry(rows))
-        return
+
+def _registry_status(as_json: bool) -> None:
+    """Every runner of the registry, from the database."""
+    from runner import status
+    from scrinalia.db.engine import runner_engine
+    from scrinalia.db.errors import database_errors, database_problem
+    from scrinalia.domains.archive import registry
+
+    settings = _settings()
+    try:
+        engine = runner_engine(settings, application_name="scrinalia-runner-status", connect_args={
+            "connect_timeout": 5, "options": "-c statement_timeout=10000 -c lock_timeout=5000"})
+    except Exception as exc:
+        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+    try:
+        rows = registry.list_runners(engine)
+    except database_errors() as exc:  # one line, never a traceback (exit 5)
+        _fail(opts.EXIT_DATABASE, database_problem(exc))
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(status.dumps([status.runner_row_json(r) for r in rows]))
+    else:
+        click.echo(status.render_registry(rows))
+
+
+def _local_status(as_json: bool, socket_path: Path | None, name: str | None) -> None:
+    """The children of the local supervisors that answer on their control sockets."""
+    from runner import control, status
 
     looked: list[str] = []
     if socket_path is not None:
@@ -370,7 +385,8 @@ def _sockets_in(directories: list[Path]) -> tuple[list[Path], list[str]]:
 
 @cli.command("run")
 @click.argument("worker")
-@click.option("--engine", "engine_name", default=None, help="The engine (default: persisted settings, then the worker's).")
+@click.option("--engine", "engine_name", default=None,
+              help="The engine (default: persisted settings, then the worker's).")
 @click.option("--preset", default=None)
 @click.option("--batch", "db_batch_size", type=int, default=None, help="Units per database batch.")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE",
@@ -388,7 +404,17 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
     Exit: 0 SUCCESS, 1 FAILED, 2 usage, 3 the worker's slot is busy, 4 schema behind, 130 cancelled.
     """
     setup_logging(log_level)
-    from runner.oneshot import ProgressBar, parse_option
+    request = _request_of(engine_name, preset, db_batch_size, option_pairs)
+    row = _run_once_or_exit(worker, request, requested_by=requested_by, lease_seconds=lease,
+                            heartbeat_seconds=heartbeat, max_runtime=max_runtime)
+    _print_row(row, as_json)
+    sys.exit(_exit_code(row))
+
+
+def _request_of(engine_name: str | None, preset: str | None, db_batch_size: int | None,
+                option_pairs: tuple[str, ...]) -> dict[str, Any]:
+    """The run request of the command line: only what was given (the rest resolves as for any run)."""
+    from runner.oneshot import parse_option
 
     options: dict[str, Any] = {}
     for pair in option_pairs:
@@ -397,35 +423,28 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         options[key] = value
-    request: dict[str, Any] = {}
-    if engine_name is not None:
-        request["engine_name"] = engine_name
-    if preset is not None:
-        request["preset"] = preset
-    if db_batch_size is not None:
-        request["db_batch_size"] = db_batch_size
-    if options:
-        request["options"] = options
-    settings, url = _parent_settings()
+    given = {"engine_name": engine_name, "preset": preset, "db_batch_size": db_batch_size, "options": options or None}
+    return {k: v for k, v in given.items() if v is not None}
 
+
+def _run_once_or_exit(worker: str, request: dict[str, Any], **run_options: Any) -> Any:
+    """``run_once`` with a progress bar; a refusal before the run started exits with its code."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from runner.database import SchemaBehind
-    from runner.oneshot import run_once
-    from runner.supervisor import _brief
-
+    from runner.oneshot import ProgressBar, run_once
+    from scrinalia.db.errors import database_problem
     from scrinalia.domains.archive.errors import InvalidRunRequest, WorkerRunAlreadyActive
+
+    settings, url = _parent_settings()
     bar = ProgressBar()
 
     def started(run) -> None:
         click.echo(f"run {run.run_id} ({worker}) started; Ctrl-C cancels, twice kills", err=True)
 
     try:
-        row = run_once(
-            url, worker, request, requested_by=requested_by, lease_seconds=lease, heartbeat_seconds=heartbeat,
-            settings=settings, max_runtime=max_runtime, on_progress=bar.update, on_start=started,
-            handle_signals=True,
-        )
+        return run_once(url, worker, request, settings=settings, on_progress=bar.update, on_start=started,
+                        handle_signals=True, **run_options)
     except InvalidRunRequest as exc:  # UnknownWorker, UnknownOption, ... are InvalidRunRequest too
         _fail(opts.EXIT_USAGE, str(exc))
     except WorkerRunAlreadyActive as exc:
@@ -435,30 +454,36 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
     except OptionsError as exc:
         _fail(opts.EXIT_USAGE, str(exc))
     except SQLAlchemyError as exc:
-        _fail(opts.EXIT_DATABASE, f"the database does not answer ({_brief(exc)})")
+        _fail(opts.EXIT_DATABASE, database_problem(exc))
     except KeyboardInterrupt:
         _fail(opts.EXIT_CANCELLED, "interrupted before the run started")
     finally:
         bar.close()
 
+
+def _print_row(row: Any, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(row.to_json(), indent=2, default=str))
-    else:
-        summary = f"run {row.run_id} {row.worker_name}: {row.status}"
-        if row.duration_ms is not None:
-            summary += f" in {row.duration_ms / 1000:.1f}s"
-        if row.exit_reason:
-            summary += f" ({row.exit_reason})"
-        click.echo(summary)
-        if row.error:
-            click.echo(row.error.splitlines()[0], err=True)
-        if row.result:
-            click.echo(json.dumps(row.result, default=str))
+        return
+    summary = f"run {row.run_id} {row.worker_name}: {row.status}"
+    if row.duration_ms is not None:
+        summary += f" in {row.duration_ms / 1000:.1f}s"
+    if row.exit_reason:
+        summary += f" ({row.exit_reason})"
+    click.echo(summary)
+    if row.error:
+        click.echo(row.error.splitlines()[0], err=True)
+    if row.result:
+        click.echo(json.dumps(row.result, default=str))
+
+
+def _exit_code(row: Any) -> int:
+    """0 SUCCESS, 130 cancelled (or stopped with the runner: the operator's Ctrl-C), 1 anything else."""
     if row.status == "SUCCESS":
-        sys.exit(opts.EXIT_OK)
+        return opts.EXIT_OK
     if row.status == "CANCELLED" or (row.status == "INTERRUPTED" and row.exit_reason == "runner-stopped"):
-        sys.exit(opts.EXIT_CANCELLED)
-    sys.exit(opts.EXIT_FAILED)
+        return opts.EXIT_CANCELLED
+    return opts.EXIT_FAILED
 
 
 def main() -> None:

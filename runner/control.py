@@ -127,7 +127,7 @@ class ControlServer:
         def left() -> float:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise socket.timeout("the control client took too long")
+                raise TimeoutError("the control client took too long")
             return remaining
 
         conn.settimeout(CLIENT_TIMEOUT)

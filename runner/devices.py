@@ -62,7 +62,7 @@ class GpuProbe:
         self._nvml: Any = None
         self._calls = _BoundedCalls(NVML_WAIT)
         try:
-            import pynvml  # type: ignore[import-not-found]
+            import pynvml
 
             pynvml.nvmlInit()
             if pynvml.nvmlDeviceGetCount() > 0:
@@ -214,17 +214,18 @@ def inventory(devices: str | tuple[str, ...], nvml_devices: list[dict[str, Any]]
         return []
     if devices == "auto":
         return known
-    out = []
-    for item in devices:
-        if not known:
-            out.append(Device(int(item), None) if item.isdigit() else Device(None, item))
-            continue
-        match = [d for d in known if (str(d.index) == item if item.isdigit() else d.uuid == item)]
-        if not match:
-            listed = ", ".join(f"{d.index} ({d.uuid})" for d in known)
-            raise DeviceError(f"--devices: no device {item!r} on this host (NVML lists {listed})")
-        out.append(match[0])
-    return out
+    return [_named_device(item, known) for item in devices]
+
+
+def _named_device(item: str, known: list[Device]) -> Device:
+    """The device ``item`` (an index or a UUID) names: as given without NVML, else NVML's."""
+    if not known:
+        return Device(int(item), None) if item.isdigit() else Device(None, item)
+    match = [d for d in known if (str(d.index) == item if item.isdigit() else d.uuid == item)]
+    if not match:
+        listed = ", ".join(f"{d.index} ({d.uuid})" for d in known)
+        raise DeviceError(f"--devices: no device {item!r} on this host (NVML lists {listed})")
+    return match[0]
 
 
 @dataclass(frozen=True, slots=True)

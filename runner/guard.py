@@ -22,7 +22,7 @@ class _Guard(importlib.abc.MetaPathFinder):
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
 
-    def find_spec(self, fullname, path=None, target=None):  # noqa: D401 - importlib protocol
+    def find_spec(self, fullname, path=None, target=None):  # importlib protocol
         top = fullname.partition(".")[0]
         if top in self.names:
             raise HeavyImportForbidden(

@@ -61,8 +61,10 @@ class Launcher(Protocol):
 
     def start(self, wait: bool = True) -> None: ...
 
-    #: a spawn request is unanswered (a stopped fork server): the supervisor claims nothing meanwhile
-    stalled: bool
+    @property
+    def stalled(self) -> bool:
+        """A spawn request is unanswered (a stopped fork server): the supervisor claims nothing meanwhile."""
+        ...
 
     def spawn(self, channel_fd: int, output_fd: int, timeout: float | None = None) -> int: ...
 

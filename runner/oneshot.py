@@ -19,7 +19,6 @@ from runner.database import check_schema, child_connect_args, parent_engine, reg
 from runner.launchers import SpawnLauncher
 from runner.options import RunnerOptions
 from runner.supervisor import Supervisor
-
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.workers.plugins import load_catalogue
@@ -48,8 +47,9 @@ def run_once(
     """Run ``worker_name`` once, now, in a child process; block; return the run's final row.
 
     Raises ``SchemaBehind`` (the database is not migrated), ``InvalidRunRequest`` (``UnknownWorker``,
-    ``UnknownOption``, ``InvalidOption``, ``MissingOption``...: the shared validation) and ``WorkerRunAlreadyActive`` (the worker's slot is taken) before anything
-    runs. Every other outcome is in the returned row (SUCCESS, FAILED, CANCELLED, INTERRUPTED).
+    ``UnknownOption``, ``InvalidOption``, ``MissingOption``...: the shared validation) and
+    ``WorkerRunAlreadyActive`` (the worker's slot is taken) before anything runs. Every other outcome is
+    in the returned row (SUCCESS, FAILED, CANCELLED, INTERRUPTED).
     ``handle_signals`` (the CLI; main thread only): Ctrl-C cancels, a second Ctrl-C kills.
     """
     options = RunnerOptions(
@@ -75,7 +75,7 @@ def run_once(
             options,
             engine=engine,
             database_url=url.render(),
-            child_connect_args=child_connect_args(settings),
+            child_connect_args=child_connect_args(settings, options),
             launcher=SpawnLauncher(preload=preload),
             registration=registration(options, [worker_name], kind="cli", schema_revision=revision),
             mode="oneshot",

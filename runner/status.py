@@ -9,7 +9,7 @@ import json
 import os
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 # Field -> meaning. The tests check that the JSON has exactly these top-level fields.
@@ -26,7 +26,8 @@ STATUS_FIELDS: dict[str, str] = {
     "draining": "true once SIGTERM/SIGINT or a registry drain request was received",
     "drain_reason": "why it drains, or null",
     "drain_deadline_seconds": "seconds until the remaining children are stopped, or null",
-    "database": "{state: ok|unreachable|unknown, error: the last error's class or null, "
+    "database": "{state: ok|blocked (a lock or statement timeout: the server answers)|unreachable "
+                "(no connection)|error|unknown, error: the last error's class or null, "
                 "last_heartbeat_age_seconds: seconds since the last renewed heartbeat, "
                 "statements: protocol statements sent since start, by step (heartbeat, claim, "
                 "expire_leases, record_start, finish, ...)}",
@@ -59,7 +60,7 @@ def supervisor_status(sup: Any) -> dict[str, Any]:
         "hostname": sup.registration.hostname,
         "pid": os.getpid(),
         "version": sup.registration.package_version,
-        "started_at": datetime.fromtimestamp(sup.started_wall, timezone.utc).isoformat(),
+        "started_at": datetime.fromtimestamp(sup.started_wall, UTC).isoformat(),
         "uptime_seconds": round(now - sup.started_mono, 3),
         "state": sup.state,
         "draining": sup.draining,
@@ -118,9 +119,13 @@ def _progress(progress: Any) -> str:
 
 
 def render_status(status: dict[str, Any]) -> str:
+    return "\n".join(_summary_lines(status) + _device_lines(status) + _child_lines(status))
+
+
+def _summary_lines(status: dict[str, Any]) -> list[str]:
     db = status["database"]
     margin = status["lease_margin_seconds"]
-    lines = [
+    return [
         f"runner {status['name']}  id {status['runner_id']}  pid {status['pid']}  on {status['hostname']}"
         f"  version {status['version']}",
         f"  state {status['state']}"
@@ -134,22 +139,26 @@ def render_status(status: dict[str, Any]) -> str:
         f"  launcher {status['launcher'].get('start_method')}",
         "  counters " + " ".join(f"{k}={v}" for k, v in status["counters"].items()),
     ]
-    for d in status.get("devices") or []:
-        lines.append(f"  GPU {_device(d)}  {d.get('name') or ''}  {len(d['children'])}/{d['slots']} slots busy"
-                     + (f"  {_bytes(d['memory_total_bytes'])}" if d.get("memory_total_bytes") else ""))
-    if status["children"]:
-        header = f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} {'RSS':>10} {'GPU':>10}  DEVICE"
-        lines.append(header)
-        for c in status["children"]:
-            lines.append(
-                f"  {c['pid']:>7}  {c['run_id']:<36}  {c['worker'][:20]:<20} {c['phase']:<9} "
-                f"{c['elapsed_seconds']:>7.1f}s  {_progress(c['progress'])[:18]:<18} {_bytes(c['rss_bytes']):>10} "
-                f"{_bytes(c['gpu_memory_bytes']):>10}  {_device(c.get('device'))}"
-                + ("  cancel requested" if c["cancel_requested"] else "")
-            )
-    else:
-        lines.append("  no children")
-    return "\n".join(lines)
+
+
+def _device_lines(status: dict[str, Any]) -> list[str]:
+    return [f"  GPU {_device(d)}  {d.get('name') or ''}  {len(d['children'])}/{d['slots']} slots busy"
+            + (f"  {_bytes(d['memory_total_bytes'])}" if d.get("memory_total_bytes") else "")
+            for d in status.get("devices") or []]
+
+
+def _child_lines(status: dict[str, Any]) -> list[str]:
+    if not status["children"]:
+        return ["  no children"]
+    header = (f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} "
+              f"{'RSS':>10} {'GPU':>10}  DEVICE")
+    return [header] + [
+        f"  {c['pid']:>7}  {c['run_id']:<36}  {c['worker'][:20]:<20} {c['phase']:<9} "
+        f"{c['elapsed_seconds']:>7.1f}s  {_progress(c['progress'])[:18]:<18} {_bytes(c['rss_bytes']):>10} "
+        f"{_bytes(c['gpu_memory_bytes']):>10}  {_device(c.get('device'))}"
+        + ("  cancel requested" if c["cancel_requested"] else "")
+        for c in status["children"]
+    ]
 
 
 def runner_row_json(row: Any) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from runner.outcome import Outcome, decide
 from runner.stall import Action, StallWatch, cpu_seconds
 
 from scrinalia.db.engine import ServerFacts
+from scrinalia.db.errors import classify_database_error
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.worker_settings import get_settings
@@ -452,12 +453,13 @@ class Supervisor:
                 result = fn(self.engine, *args, **kwargs)
         except SQLAlchemyError as exc:
             self._check_lease_margin()
-            if self.db_state != "unreachable":
-                log.error("database: %s failed: %s", what, _brief(exc))
-            self.db_state = "unreachable"
+            state = classify_database_error(exc)  # blocked | unreachable | error (decision 0103)
+            if self.db_state != state:
+                log.error("database %s: %s failed: %s", state, what, _brief(exc))
+            self.db_state = state
             self.db_error = type(getattr(exc, "orig", None) or exc).__name__
             raise DatabaseDown(what) from None
-        if self.db_state == "unreachable":
+        if self.db_state not in ("ok", "unknown"):
             log.warning("database: answers again (%s)", what)
         self.db_state, self.db_error = "ok", None
         return result

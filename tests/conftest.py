@@ -27,7 +27,7 @@ from scrinalia.db.engine import create_engine_from_url
 
 def _docker_engine_answers() -> bool:
     try:
-        import docker  # type: ignore[import-not-found]
+        import docker
 
         client = docker.from_env(timeout=3)
         client.ping()

@@ -127,7 +127,8 @@ CREATE TABLE archive_cleaning_rules (
 	UNIQUE (name)
 );
 
-CREATE UNIQUE INDEX uq_cleaning_rule_active_llm_check ON archive_cleaning_rules (kind) WHERE kind = 'LLM_CHECK' AND active;
+CREATE UNIQUE INDEX uq_cleaning_rule_active_llm_check ON archive_cleaning_rules (kind)
+  WHERE kind = 'LLM_CHECK' AND active;
 
 CREATE TABLE archive_documents (
 	id BIGINT GENERATED ALWAYS AS IDENTITY,
@@ -160,19 +161,31 @@ CREATE INDEX ix_documents_status ON archive_documents (status);
 
 CREATE INDEX ix_documents_title_normalized ON archive_documents (lower(btrim(title)));
 
-CREATE INDEX ix_documents_pending_embedding ON archive_documents (id) WHERE (execution_log #>> '{embedding,stamp}') IS DISTINCT FROM archive_text_stamp(title, scope_and_content, admin_biographical_history, provenance);
+CREATE INDEX ix_documents_pending_embedding ON archive_documents (id)
+  WHERE (execution_log #>> '{embedding,stamp}')
+    IS DISTINCT FROM archive_text_stamp(title, scope_and_content, admin_biographical_history, provenance);
 
-CREATE INDEX ix_documents_pending_ner ON archive_documents (id) WHERE status <> 'HUMAN_APPROVED' AND (execution_log #>> '{ner,stamp}') IS DISTINCT FROM archive_text_stamp(title, scope_and_content, admin_biographical_history, provenance);
+CREATE INDEX ix_documents_pending_ner ON archive_documents (id)
+  WHERE status <> 'HUMAN_APPROVED' AND (execution_log #>> '{ner,stamp}')
+    IS DISTINCT FROM archive_text_stamp(title, scope_and_content, admin_biographical_history, provenance);
 
-CREATE INDEX ix_documents_pending_typology ON archive_documents (id) WHERE status <> 'HUMAN_APPROVED' AND (execution_log #>> '{typology,stamp}') IS DISTINCT FROM md5(title);
+CREATE INDEX ix_documents_pending_typology ON archive_documents (id)
+  WHERE status <> 'HUMAN_APPROVED' AND (execution_log #>> '{typology,stamp}') IS DISTINCT FROM md5(title);
 
-CREATE INDEX ix_documents_pending_quality ON archive_documents (id) WHERE status <> 'HUMAN_APPROVED' AND (execution_log #>> '{quality-validator,stamp}') IS DISTINCT FROM archive_quality_stamp(title, scope_and_content, admin_biographical_history, provenance, date_text, date_start, date_end, execution_log);
+CREATE INDEX ix_documents_pending_quality ON archive_documents (id)
+  WHERE status <> 'HUMAN_APPROVED' AND (execution_log #>> '{quality-validator,stamp}')
+    IS DISTINCT FROM archive_quality_stamp(title, scope_and_content, admin_biographical_history, provenance,
+                                           date_text, date_start, date_end, execution_log);
 
-CREATE INDEX ix_documents_pending_cleaning ON archive_documents (id, cleaning_ruleset) WHERE status <> 'HUMAN_APPROVED' AND cleaning_text_stamp IS DISTINCT FROM archive_cleaning_text_stamp(title, scope_and_content, admin_biographical_history, provenance);
+CREATE INDEX ix_documents_pending_cleaning ON archive_documents (id, cleaning_ruleset)
+  WHERE status <> 'HUMAN_APPROVED' AND cleaning_text_stamp
+    IS DISTINCT FROM archive_cleaning_text_stamp(title, scope_and_content, admin_biographical_history, provenance);
 
 CREATE INDEX ix_documents_cleaning_ruleset ON archive_documents (cleaning_ruleset) INCLUDE (status);
 
-CREATE INDEX ix_documents_stamp_errors ON archive_documents (id) WHERE (jsonb_path_exists(execution_log, '$.*.status ? (@ == "ERROR")') OR jsonb_path_exists(execution_log, '$.cleaning.*.status ? (@ == "ERROR")'));
+CREATE INDEX ix_documents_stamp_errors ON archive_documents (id)
+  WHERE (jsonb_path_exists(execution_log, '$.*.status ? (@ == "ERROR")')
+    OR jsonb_path_exists(execution_log, '$.cleaning.*.status ? (@ == "ERROR")'));
 
 CREATE TABLE archive_entities (
 	id BIGINT GENERATED ALWAYS AS IDENTITY,
@@ -388,7 +401,9 @@ CREATE TABLE archive_worker_runs (
 	CONSTRAINT ck_run_worker_name_not_empty CHECK (char_length(worker_name) >= 1),
 	CONSTRAINT ck_run_request_object CHECK (jsonb_typeof(request) = 'object'),
 	CONSTRAINT ck_run_error_length CHECK (char_length(error) <= 2000),
-	CONSTRAINT ck_run_exit_reason CHECK (exit_reason IN ('exception', 'signal', 'oom', 'timeout', 'lease-lost', 'runner-stopped', 'cancelled', 'cancel-forced')),
+	CONSTRAINT ck_run_exit_reason
+		CHECK (exit_reason IN ('exception', 'signal', 'oom', 'timeout', 'lease-lost', 'runner-stopped', 'cancelled',
+			'cancel-forced')),
 	CONSTRAINT ck_run_attempt_positive CHECK (attempt >= 1),
 	UNIQUE (run_id),
 	FOREIGN KEY(requested_by_user_id) REFERENCES auth_users (id) ON DELETE SET NULL,
@@ -399,7 +414,8 @@ CREATE TABLE archive_worker_runs (
 
 CREATE INDEX ix_worker_runs_claim ON archive_worker_runs (queued_at, id) WHERE status = 'QUEUED';
 
-CREATE INDEX ix_worker_runs_fingerprint ON archive_worker_runs (error_fingerprint, finished_at) WHERE error_fingerprint IS NOT NULL;
+CREATE INDEX ix_worker_runs_fingerprint ON archive_worker_runs (error_fingerprint, finished_at)
+  WHERE error_fingerprint IS NOT NULL;
 
 CREATE INDEX ix_worker_runs_lease ON archive_worker_runs (lease_expires_at) WHERE status = 'RUNNING';
 
@@ -411,7 +427,8 @@ CREATE INDEX ix_worker_runs_worker_id ON archive_worker_runs (worker_name, id DE
 
 CREATE INDEX ix_worker_runs_status_id ON archive_worker_runs (status, id DESC);
 
-CREATE INDEX ix_worker_runs_fingerprint_id ON archive_worker_runs (error_fingerprint, id DESC) WHERE error_fingerprint IS NOT NULL;
+CREATE INDEX ix_worker_runs_fingerprint_id ON archive_worker_runs (error_fingerprint, id DESC)
+  WHERE error_fingerprint IS NOT NULL;
 
 CREATE INDEX ix_worker_runs_failures ON archive_worker_runs (finished_at) WHERE error_fingerprint IS NOT NULL;
 

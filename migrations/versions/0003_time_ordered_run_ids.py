@@ -30,7 +30,8 @@ And ``ix_worker_runs_claim`` (QUEUED) and ``ix_worker_runs_lease`` (RUNNING) go:
 per worker (``uq_worker_run_active``, the slot), the active rows are at most one per worker and
 ``uq_worker_run_active`` (QUEUED or RUNNING) already holds exactly them, as ``ix_worker_runs_runner``
 holds the RUNNING ones; the claim and expiry read those (or the QUEUED range of
-``ix_worker_runs_status_id``) at a cost that does not grow with history. Each extra index was one more index entry (and WAL record) per enqueue or claim.
+``ix_worker_runs_status_id``) at a cost that does not grow with history. Each extra index was one more
+index entry (and WAL record) per enqueue or claim.
 """
 from alembic import op
 

@@ -1,7 +1,7 @@
 """A run whose child stalled says so: exit_reason 'stalled'.
 
 Revision ID: 0011
-Revises: 0007
+Revises: 0009
 Create Date: 2026-12-01
 
 The runner stops a child that sends no message and uses no CPU for its stall timeout, after dumping its
@@ -12,11 +12,11 @@ hung run from a crashed one.
 from alembic import op
 
 revision = "0011"
-down_revision = "0007"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
-#: The reasons as migration 0007 left them.
+#: The reasons as migration 0007 left them (0008 and 0009 did not change them).
 _OLD = ("'exception', 'signal', 'oom', 'timeout', 'lease-lost', 'runner-stopped', 'cancelled', 'cancel-forced', "
         "'cuda-error', 'cuda-oom', 'configuration'")
 

@@ -3,7 +3,7 @@
     uvicorn --factory scrinalia.api.app:create_app --workers 4      (or: scrinalia api --workers 4)
 
 Stateless across processes: sessions, lockouts, the queue and the settings live in PostgreSQL; the only
-per-process state is the login rate limiter (a brake, ADR 0014 decision 7) and the connection pool.
+per-process state is the login rate limiter (a brake: decision 0032) and the connection pool.
 Every answer carries the security headers; forwarded headers count only from API_TRUSTED_PROXIES
 (``scrinalia.api.middleware``, docs/security.md).
 The API never runs a worker and never imports ``runner``, torch or transformers.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from argon2 import PasswordHasher
 from fastapi import APIRouter, Depends, FastAPI
@@ -119,7 +120,7 @@ def _wrap_every_answer(app: FastAPI, proxy_networks: list[str]) -> None:
     def build_wrapped():
         return trusted_proxies(SecurityHeaders(build()), proxy_networks)
 
-    app.build_middleware_stack = build_wrapped  # type: ignore[method-assign]
+    app.build_middleware_stack = build_wrapped  # type: ignore[method-assign]  # wraps Starlette's own stack
 
 
 def api_routes(app: FastAPI) -> list[tuple[str, set[str], object]]:
@@ -127,7 +128,7 @@ def api_routes(app: FastAPI) -> list[tuple[str, set[str], object]]:
     try:
         from fastapi.routing import iter_route_contexts
     except ImportError:  # older FastAPI: included routes are flattened into app.routes
-        contexts = [r for r in app.routes if isinstance(r, APIRoute)]
+        contexts: list[Any] = [r for r in app.routes if isinstance(r, APIRoute)]
     else:
         contexts = [c for c in iter_route_contexts(app.routes) if isinstance(c.original_route, APIRoute)]
     return [(c.path, set(c.methods or ()), c.dependant) for c in contexts]

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine
@@ -98,7 +98,7 @@ def effective_settings(spec: WorkerSpec, engine: Engine | None, layer: DatabaseL
     ``layer``: the persisted settings and LLM_CHECK rule already read (see ``database_layer``)."""
     try:
         resolved = spec.resolve(engine, {}, layer=layer)
-    except Exception as exc:  # noqa: BLE001 - e.g. no active LLM_CHECK rule: shown to the operator
+    except Exception as exc:  # e.g. no active LLM_CHECK rule: shown to the operator
         field_error = validation.as_field_error(exc)
         return {"error": {"field": getattr(field_error, "field", None),
                           "message": field_error.message if field_error else type(exc).__name__}}
@@ -136,7 +136,7 @@ def unit_counts(engine: Engine, catalogue: Catalogue) -> dict[str, dict[str, int
         spec = catalogue[name]
         try:
             out[name] = dict(spec.counts(engine) or _EMPTY) if getattr(spec, "queue", None) else dict(_EMPTY)
-        except Exception:  # noqa: BLE001 - one worker's counter must not take the screen down
+        except Exception:  # one worker's counter must not take the screen down
             log.exception("counts of worker %s failed", name)
             out[name] = dict(_EMPTY)
     return out
@@ -164,14 +164,24 @@ class CountsCache:
     def _compute(self, engine: Engine, catalogue: Catalogue) -> None:
         try:
             value = unit_counts(engine, catalogue)
-        except Exception:  # noqa: BLE001 - keep the last value; log the class only
+        except Exception:  # keep the last value; log the class only
             log.exception("unit counts failed")
             with self._lock:
                 self._refreshing = False
             return
         with self._lock:
-            self._value, self._as_of, self._computed_at = value, datetime.now(timezone.utc), time.monotonic()
+            self._value, self._as_of, self._computed_at = value, datetime.now(UTC), time.monotonic()
             self._refreshing = False
+
+    def _snapshot(self, refresh: bool = True) -> tuple[Any, datetime | None, bool]:
+        """The cached value, when it was computed, and whether this caller starts its refresh (it is
+        stale and no refresh runs: the caller's flag is set under the lock, so one thread starts it)."""
+        with self._lock:
+            stale = time.monotonic() - self._computed_at > self.max_age
+            start = refresh and self._value is not None and stale and not self._refreshing
+            if start:
+                self._refreshing = True
+            return self._value, self._as_of, start
 
     def get(self, engine: Engine, catalogue: Catalogue,
             names: list[str] | None = None) -> tuple[dict[str, dict[str, int | None]], datetime | None]:
@@ -179,17 +189,11 @@ class CountsCache:
         (``max_age`` 0), only those are counted; cached, the whole catalogue is, for the next request."""
         names = list(catalogue) if names is None else names
         if self.max_age <= 0:
-            return unit_counts(engine, {n: catalogue[n] for n in names}), datetime.now(timezone.utc)
-        with self._lock:
-            value, as_of = self._value, self._as_of
-            stale = time.monotonic() - self._computed_at > self.max_age
-            start = value is not None and stale and not self._refreshing
-            if start:
-                self._refreshing = True
+            return unit_counts(engine, {n: catalogue[n] for n in names}), datetime.now(UTC)
+        value, as_of, start = self._snapshot()
         if value is None:
             self._compute(engine, catalogue)
-            with self._lock:
-                value, as_of = self._value, self._as_of
+            value, as_of, _ = self._snapshot(refresh=False)
             if value is None:
                 return {name: dict(_EMPTY) for name in names}, None
         elif start:

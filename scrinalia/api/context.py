@@ -34,11 +34,11 @@ class AppContext:
 
     def __post_init__(self) -> None:
         self.counts = CountsCache(self.api.counts_max_age_seconds)
-        # The per-process brake (ADR 0014 decision 7); the durable lockout is in auth_login_throttle.
+        # The per-process brake (decision 0032); the durable lockout is in auth_login_throttle.
         self.login_limiter = SlidingWindowLimiter(self.api.login_rate_limit, self.api.login_rate_window_seconds)
 
     @cached_property
-    def events(self) -> "EventHub":
+    def events(self) -> EventHub:
         """The process's one LISTEN connection for the live panel (opened with its first stream)."""
         from scrinalia.api.events import EventHub
         from scrinalia.db.engine import connect_args_for

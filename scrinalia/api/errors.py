@@ -32,7 +32,8 @@ _STATUS_CODES = {
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None, **extra: Any) -> None:
+    def __init__(self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None,
+                 **extra: Any) -> None:
         super().__init__(message)
         self.status = status
         self.code = code

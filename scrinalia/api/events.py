@@ -62,7 +62,7 @@ class EventHub:
         self._closing = False
 
     @classmethod
-    def for_engine(cls, engine: Engine, **connect_args: Any) -> "EventHub":
+    def for_engine(cls, engine: Engine, **connect_args: Any) -> EventHub:
         return cls(conninfo_for(engine, **{"application_name": "scrinalia-api-events", **connect_args}))
 
     @property
@@ -134,10 +134,16 @@ class EventHub:
                 await asyncio.sleep(timeout)
                 continue
             readable = loop.create_future()
-            loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+            loop.add_reader(fd, _resolve, readable)
             try:
                 await asyncio.wait_for(readable, timeout)
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 pass
             finally:
                 loop.remove_reader(fd)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    """The reader's callback: wake the waiter once (a readable socket calls it until it is removed)."""
+    if not future.done():
+        future.set_result(None)

@@ -46,15 +46,19 @@ def _storable_json(value: Any, path: str = "") -> Any:
     elif isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"must be a finite number{where}")
     elif isinstance(value, dict):
-        for key, item in value.items():
-            problem = unstorable(str(key))
-            if problem:
-                raise ValueError(f"a key {problem}{where}")
-            _storable_json(item, f"{path}.{key}" if path else str(key))
+        _storable_object(value, path, where)
     elif isinstance(value, list):
         for index, item in enumerate(value):
             _storable_json(item, f"{path}[{index}]")
     return value
+
+
+def _storable_object(value: dict[Any, Any], path: str, where: str) -> None:
+    for key, item in value.items():
+        problem = unstorable(str(key))
+        if problem:
+            raise ValueError(f"a key {problem}{where}")
+        _storable_json(item, f"{path}.{key}" if path else str(key))
 
 
 Text = Annotated[str, AfterValidator(_storable_text)]
@@ -135,7 +139,8 @@ class RunRequestIn(Strict):
 
 class SettingsIn(RunRequestIn):
     expected_revision: int | None = Field(
-        default=None, description="Optimistic concurrency: refuse with 409 unless the settings are at this revision (0: none)"
+        default=None,
+        description="Optimistic concurrency: refuse with 409 unless the settings are at this revision (0: none)",
     )
 
 
@@ -187,7 +192,8 @@ class RunConflictOut(ErrorOut):
 
 class CancelOut(BaseModel):
     run: RunOut
-    cancelled: bool = Field(description="true: CANCELLED now (200); false: cancellation requested of a RUNNING run (202)")
+    cancelled: bool = Field(description="true: CANCELLED now (200); false: cancellation requested of a RUNNING "
+                                        "run (202)")
 
 
 # --- workers ---
@@ -231,7 +237,8 @@ class WorkersOut(BaseModel):
     db_now: str
     schema_revision: str | None
     runners_online: int
-    counts_as_of: str | None = Field(description="When the unit counts were computed (now, unless API_COUNTS_MAX_AGE_SECONDS > 0 serves them from a cache)")
+    counts_as_of: str | None = Field(description="When the unit counts were computed (now, unless "
+                                                 "API_COUNTS_MAX_AGE_SECONDS > 0 serves them from a cache)")
     workers: list[WorkerOut]
 
 
@@ -328,7 +335,9 @@ class ScheduleOut(BaseModel):
     next_run_at: str
     last_tick_at: str | None
     last_run_id: str | None
-    last_outcome: str | None = Field(description="enqueued; skipped-busy when the worker's slot was taken; refused: <field>: <why> when its request no longer validates (no run written)")
+    last_outcome: str | None = Field(description="enqueued; skipped-busy when the worker's slot was taken; "
+                                                 "refused: <field>: <why> when its request no longer validates "
+                                                 "(no run written)")
 
 
 class SchedulesOut(BaseModel):

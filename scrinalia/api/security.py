@@ -30,7 +30,8 @@ cookie_scheme = APIKeyCookie(name=COOKIE_NAME, auto_error=False, scheme_name="se
 bearer_scheme = HTTPBearer(auto_error=False, scheme_name="sessionBearer",
                            description="The token of POST /api/v1/auth/login with issue_token=true")
 csrf_scheme = APIKeyHeader(name=CSRF_HEADER, auto_error=False, scheme_name="csrfToken",
-                           description="Required with the cookie on every write: the csrf_token of the login or of /auth/me")
+                           description="Required with the cookie on every write: the csrf_token of the login "
+                                       "or of /auth/me")
 
 
 @dataclass(frozen=True, slots=True)

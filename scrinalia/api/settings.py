@@ -21,15 +21,18 @@ class ApiSettings(BaseSettings):
     )
 
     # --- the session cookie (scrinalia_session) ---
-    cookie_secure: bool = Field(default=True, description="Send the cookie over HTTPS only (turn off for plain-HTTP development)")
+    cookie_secure: bool = Field(default=True,
+                                description="Send the cookie over HTTPS only (turn off for plain-HTTP development)")
     cookie_samesite: Literal["lax", "strict"] = "strict"
     session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
 
     # --- login protection ---
-    login_rate_limit: int = Field(default=10, ge=1, le=10_000, description="Login attempts per address per window, per process")
+    login_rate_limit: int = Field(default=10, ge=1, le=10_000,
+                                  description="Login attempts per address per window, per process")
     login_rate_window_seconds: float = Field(default=60.0, gt=0, le=86_400)
     lockout_threshold: int = Field(default=5, ge=1, le=100, description="Consecutive failures that lock an account")
-    lockout_base_seconds: float = Field(default=60.0, gt=0, le=86_400, description="First lockout; each next one doubles")
+    lockout_base_seconds: float = Field(default=60.0, gt=0, le=86_400,
+                                        description="First lockout; each next one doubles")
     lockout_max_seconds: float = Field(default=86_400.0, gt=0, le=30 * 86_400)
     device_cookie_days: int = Field(
         default=90, ge=1, le=400,
@@ -64,7 +67,8 @@ class ApiSettings(BaseSettings):
         description="How long one live-panel event stream lasts before the browser reconnects (and the "
                     "session is checked again); 0 ends it right after its hello",
     )
-    ui_dir: str | None = Field(default=None, description="Static panel directory; default: ui/ of the checkout when present")
+    ui_dir: str | None = Field(default=None,
+                               description="Static panel directory; default: ui/ of the checkout when present")
 
     @field_validator("trusted_proxies")
     @classmethod

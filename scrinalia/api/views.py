@@ -2,7 +2,8 @@
 
     workers   active+last run per worker (uq_worker_run_active, ix_worker_runs_worker_id), runners
               (registry, 100s of rows), running runs per runner (ix_worker_runs_runner), settings,
-              unit counts (archive_stamp_counts, kept by triggers), the database clock and revision
+              unit counts (catalogue_view.unit_counts: each queue read through its partial indexes), the
+              database clock and revision
     runs      keyset on id, filters on worker / status / fingerprint / trigger (ix_worker_runs_*_id)
     failures  errors of the last N days grouped by fingerprint (ix_worker_runs_failures)
 """
@@ -12,7 +13,7 @@ import re
 import uuid
 from dataclasses import asdict
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 from sqlalchemy import Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import UUID
@@ -41,6 +42,14 @@ def redact(value: Any) -> Any:
 
 def _iso(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else value
+
+
+@overload
+def run_json(run: WorkerRun | dict[str, Any]) -> dict[str, Any]: ...
+
+
+@overload
+def run_json(run: None) -> None: ...
 
 
 def run_json(run: WorkerRun | dict[str, Any] | None) -> dict[str, Any] | None:
@@ -107,10 +116,19 @@ def _capable(runners: list[dict[str, Any]], worker: str) -> list[dict[str, Any]]
     return [r for r in runners if r["state"] == "online" and worker in r["capabilities"]]
 
 
+def _why(code: str, message: str, not_before: str | None = None) -> dict[str, Any]:
+    return {"code": code, "message": message, "not_before": not_before}
+
+
+def _owned_devices(runner: dict[str, Any]) -> list[dict[str, Any]]:
+    """The devices of a runner with a device rule (its registry ``devices`` carry ``slots``)."""
+    return [d for d in runner.get("devices") or [] if isinstance(d, dict) and d.get("slots")]
+
+
 def _device_slots(runner: dict[str, Any]) -> tuple[int, int] | None:
-    """(busy, total) device slots of a runner that owns devices (its registry ``devices`` carry
-    ``slots``; its children their ``device``), or None for a runner without a device rule."""
-    owned = [d for d in runner.get("devices") or [] if isinstance(d, dict) and d.get("slots")]
+    """(busy, total) device slots of a runner that owns devices (its children carry their ``device``),
+    or None for a runner without a device rule."""
+    owned = _owned_devices(runner)
     if not owned:
         return None
     busy = sum(1 for c in runner.get("children") or [] if isinstance(c, dict) and c.get("device"))
@@ -119,7 +137,7 @@ def _device_slots(runner: dict[str, Any]) -> tuple[int, int] | None:
 
 def _fits_no_device(runner: dict[str, Any], need_bytes: int) -> bool:
     """Every owned device of ``runner`` has less memory in all than ``need_bytes``."""
-    owned = [d for d in runner.get("devices") or [] if isinstance(d, dict) and d.get("slots")]
+    owned = _owned_devices(runner)
     totals = [d.get("memory_total_bytes") for d in owned]
     return bool(owned) and all(isinstance(t, int) and t < need_bytes for t in totals)
 
@@ -131,16 +149,34 @@ def _device_reason(spec: WorkerSpec | None, free: list[dict[str, Any]]) -> dict[
         return None
     need = spec.gpu_memory_needed()
     if need and all(_fits_no_device(r, need) for r in free):
-        return {"code": "no_device_fits",
-                "message": f"the worker declares {need / 2**30:.1f} GiB of GPU memory, more than any device of "
-                           "the capable runners has", "not_before": None}
-    slots = [_device_slots(r) for r in free]
-    if all(s is not None and s[0] >= s[1] for s in slots):
-        busy = sum(s[0] for s in slots if s)
-        total = sum(s[1] for s in slots if s)
-        return {"code": "waiting_for_device",
-                "message": f"waiting for a free GPU: every device slot of the capable runners is taken "
-                           f"({busy} of {total}); it starts when a device is free", "not_before": None}
+        return _why("no_device_fits", f"the worker declares {need / 2**30:.1f} GiB of GPU memory, more than any "
+                                      "device of the capable runners has")
+    return _waiting_for_device([_device_slots(r) for r in free])
+
+
+def _waiting_for_device(slots: list[tuple[int, int] | None]) -> dict[str, Any] | None:
+    """Every free runner owns devices and every slot of them is taken."""
+    taken = [s for s in slots if s is not None and s[0] >= s[1]]
+    if len(taken) < len(slots):
+        return None
+    busy, total = sum(s[0] for s in taken), sum(s[1] for s in taken)
+    return _why("waiting_for_device", f"waiting for a free GPU: every device slot of the capable runners is "
+                                      f"taken ({busy} of {total}); it starts when a device is free")
+
+
+def _runner_reason(worker: str, capable: list[dict[str, Any]], db_revision: str | None) -> dict[str, Any] | None:
+    """No capable runner can claim now: none online, all draining, all behind the schema, all busy."""
+    if not capable:
+        return _why("no_runner", f"no online runner advertises the worker {worker!r}")
+    accepting = [r for r in capable if r["drain_requested_at"] is None]
+    if not accepting:
+        return _why("draining", "every capable runner is draining")
+    current = [r for r in accepting if not r["schema_mismatch"]]
+    if not current:
+        return _why("schema_behind", "every capable runner was built for another schema revision than the "
+                                     f"database's ({db_revision})")
+    if all(r["busy"] for r in current):
+        return _why("runners_busy", "every capable runner is busy with other runs")
     return None
 
 
@@ -151,25 +187,17 @@ def queued_reason(run: dict[str, Any], worker: str, capable: list[dict[str, Any]
     declaration (a GPU worker waits for a device slot on a runner that owns devices)."""
     not_before = run.get("not_before")
     if not_before is not None and datetime.fromisoformat(not_before) > db_now:
-        return {"code": "backing_off", "message": f"retry attempt {run.get('attempt')} waits until {not_before}",
-                "not_before": not_before}
-    if not capable:
-        return {"code": "no_runner", "message": f"no online runner advertises the worker {worker!r}", "not_before": None}
-    accepting = [r for r in capable if r["drain_requested_at"] is None]
-    if not accepting:
-        return {"code": "draining", "message": "every capable runner is draining", "not_before": None}
-    current = [r for r in accepting if not r["schema_mismatch"]]
-    if not current:
-        return {"code": "schema_behind",
-                "message": f"every capable runner was built for another schema revision than the database's ({db_revision})",
-                "not_before": None}
-    if all(r["busy"] for r in current):
-        return {"code": "runners_busy", "message": "every capable runner is busy with other runs", "not_before": None}
-    device = _device_reason(spec, [r for r in current if not r["busy"]])
-    if device is not None:
-        return device
-    return {"code": "waiting_for_claim", "message": "a capable runner is free; it claims the run at its next poll",
-            "not_before": None}
+        return _why("backing_off", f"retry attempt {run.get('attempt')} waits until {not_before}", not_before)
+    free = [r for r in capable if r["drain_requested_at"] is None and not r["schema_mismatch"] and not r["busy"]]
+    return (_runner_reason(worker, capable, db_revision) or _device_reason(spec, free)
+            or _why("waiting_for_claim", "a capable runner is free; it claims the run at its next poll"))
+
+
+def _queued_reason_of(active: dict[str, Any] | None, worker: str, capable: list[dict[str, Any]], db_now: datetime,
+                      db_revision: str | None, spec: WorkerSpec) -> dict[str, Any] | None:
+    if active is None or active["status"] != "QUEUED":
+        return None
+    return queued_reason(active, worker, capable, db_now, db_revision, spec)
 
 
 def _runner_summary(r: dict[str, Any]) -> dict[str, Any]:
@@ -205,8 +233,7 @@ def workers_view(engine: Engine, catalogue: dict[str, WorkerSpec], names: list[s
             "active_run": active,
             "last_run": _normalise_jsonb_run(last_raw),
             "runners": [_runner_summary(r) for r in capable],
-            "queued_reason": (queued_reason(active, name, capable, db_now, db_revision, spec)
-                              if active is not None and active["status"] == "QUEUED" else None),
+            "queued_reason": _queued_reason_of(active, name, capable, db_now, db_revision, spec),
         })
     return {
         "db_now": db_now.isoformat(),
@@ -220,6 +247,16 @@ def workers_view(engine: Engine, catalogue: dict[str, WorkerSpec], names: list[s
 # --- runs -----------------------------------------------------------------------------------------
 
 
+#: The runs list's filters: the parameter each one binds, and its condition.
+_RUN_FILTERS = {
+    "worker": "worker_name = :worker",
+    "statuses": "status = ANY(CAST(:statuses AS worker_run_status[]))",
+    "fingerprint": "error_fingerprint = :fingerprint",
+    "trigger": "trigger = CAST(:trigger AS worker_run_trigger)",
+    "before_id": "id < :before_id",
+}
+
+
 def list_runs(
     engine: Engine,
     *,
@@ -231,22 +268,11 @@ def list_runs(
     limit: int = 50,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Newest first, keyset on id: the next page starts strictly below the last id returned."""
-    where, params = [], {"limit": limit + 1}
-    if worker is not None:
-        where.append("worker_name = :worker")
-        params["worker"] = worker
-    if statuses:
-        where.append("status = ANY(CAST(:statuses AS worker_run_status[]))")
-        params["statuses"] = statuses
-    if fingerprint is not None:
-        where.append("error_fingerprint = :fingerprint")
-        params["fingerprint"] = fingerprint
-    if trigger is not None:
-        where.append("trigger = CAST(:trigger AS worker_run_trigger)")
-        params["trigger"] = trigger
-    if before_id is not None:
-        where.append("id < :before_id")
-        params["before_id"] = before_id
+    filters = {"worker": worker, "statuses": statuses or None, "fingerprint": fingerprint, "trigger": trigger,
+               "before_id": before_id}
+    params: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
+    where = [_RUN_FILTERS[k] for k in params]
+    params["limit"] = limit + 1
     sql = f"SELECT {RUN_COLUMNS} FROM archive_worker_runs"
     if where:
         sql += " WHERE " + " AND ".join(where)
@@ -347,50 +373,52 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _gauge(name: str, help_text: str, samples: list[tuple[str, Any]]) -> list[str]:
+    """One Prometheus gauge: its HELP and TYPE lines, then one line per (labels, value)."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+    return lines + [f"{name}{{{labels}}} {value}" for labels, value in samples]
+
+
+def _worker_metrics(catalogue: dict[str, WorkerSpec], active: list[Any], failed: list[Any],
+                    counts: dict[str, Any]) -> list[str]:
+    by = {(r.worker_name, r.status): r for r in active}
+    names = sorted(set(catalogue) | {w for w, _ in by})
+    runs = [(f'worker="{_label(name)}",status="{status}"', by[(name, status)].n if (name, status) in by else 0)
+            for name in names for status in ("QUEUED", "RUNNING")]
+    ages = [(f'worker="{_label(name)}"', f"{float(row.oldest):.3f}")
+            for (name, status), row in sorted(by.items()) if status == "QUEUED" and row.oldest is not None]
+    return (_gauge("scrinalia_worker_runs_active", "Active runs (QUEUED or RUNNING) per worker.", runs)
+            + _gauge("scrinalia_worker_queued_age_seconds", "Age of the QUEUED run per worker.", ages)
+            + _gauge("scrinalia_worker_failures_24h", "Runs that ended with an error in the last 24 hours.",
+                     [(f'worker="{_label(row.worker_name)}"', row.n) for row in failed])
+            + _gauge("scrinalia_worker_units", "Units per worker: pending, processed, failed.", _units(counts)))
+
+
+def _units(counts: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(f'worker="{_label(name)}",kind="{kind}"', c[kind])
+            for name, c in counts.items() for kind in ("pending", "processed", "failed") if c.get(kind) is not None]
+
+
+def _runner_metrics(runners: list[dict[str, Any]]) -> list[str]:
+    states = [(f'state="{state}"', sum(1 for r in runners if r["state"] == state))
+              for state in ("online", "stale", "stopped")]
+    running = [(f'runner="{_label(r["name"])}",runner_id="{r["runner_id"]}"', r["running"])
+               for r in runners if r["state"] != "stopped"]
+    return (_gauge("scrinalia_runners", "Runners in the registry by state.", states)
+            + _gauge("scrinalia_runner_running_runs", "Runs each live runner holds.", running))
+
+
 def metrics_text(engine: Engine, catalogue: dict[str, WorkerSpec],
                  counts_cache: catalogue_view.CountsCache | None = None) -> str:
     """Prometheus text format, computed from the database only, so every API process answers the same."""
     with engine.connect() as conn:
-        active = conn.execute(_METRICS_ACTIVE).all()
-        failed = conn.execute(_METRICS_FAILURES).all()
+        active = list(conn.execute(_METRICS_ACTIVE).all())
+        failed = list(conn.execute(_METRICS_FAILURES).all())
     runners = runners_view(engine)
     counts = (counts_cache.get(engine, catalogue)[0] if counts_cache is not None
               else catalogue_view.unit_counts(engine, catalogue))
-    lines = [
-        "# HELP scrinalia_build_info The API's package version and the schema head it was built for.",
-        "# TYPE scrinalia_build_info gauge",
-        f'scrinalia_build_info{{version="{_label(__version__)}",schema_head="{_label(migrate.head_revision())}"}} 1',
-        "# HELP scrinalia_worker_runs_active Active runs (QUEUED or RUNNING) per worker.",
-        "# TYPE scrinalia_worker_runs_active gauge",
-    ]
-    by = {(r.worker_name, r.status): r for r in active}
-    for name in sorted(set(catalogue) | {w for w, _ in by}):
-        for status in ("QUEUED", "RUNNING"):
-            row = by.get((name, status))
-            lines.append(f'scrinalia_worker_runs_active{{worker="{_label(name)}",status="{status}"}} {row.n if row else 0}')
-    lines += ["# HELP scrinalia_worker_queued_age_seconds Age of the QUEUED run per worker.",
-              "# TYPE scrinalia_worker_queued_age_seconds gauge"]
-    for (name, status), row in sorted(by.items()):
-        if status == "QUEUED" and row.oldest is not None:
-            lines.append(f'scrinalia_worker_queued_age_seconds{{worker="{_label(name)}"}} {float(row.oldest):.3f}')
-    lines += ["# HELP scrinalia_worker_failures_24h Runs that ended with an error in the last 24 hours.",
-              "# TYPE scrinalia_worker_failures_24h gauge"]
-    for row in failed:
-        lines.append(f'scrinalia_worker_failures_24h{{worker="{_label(row.worker_name)}"}} {row.n}')
-    lines += ["# HELP scrinalia_worker_units Units per worker: pending, processed, failed.",
-              "# TYPE scrinalia_worker_units gauge"]
-    for name, c in counts.items():
-        for kind in ("pending", "processed", "failed"):
-            if c.get(kind) is not None:
-                lines.append(f'scrinalia_worker_units{{worker="{_label(name)}",kind="{kind}"}} {c[kind]}')
-    lines += ["# HELP scrinalia_runners Runners in the registry by state.", "# TYPE scrinalia_runners gauge"]
-    for state in ("online", "stale", "stopped"):
-        lines.append(f'scrinalia_runners{{state="{state}"}} {sum(1 for r in runners if r["state"] == state)}')
-    lines += ["# HELP scrinalia_runner_running_runs Runs each live runner holds.",
-              "# TYPE scrinalia_runner_running_runs gauge"]
-    for r in runners:
-        if r["state"] != "stopped":
-            lines.append(
-                f'scrinalia_runner_running_runs{{runner="{_label(r["name"])}",runner_id="{r["runner_id"]}"}} {r["running"]}'
-            )
+    build = f'version="{_label(__version__)}",schema_head="{_label(migrate.head_revision())}"'
+    lines = (_gauge("scrinalia_build_info", "The API's package version and the schema head it was built for.",
+                    [(build, 1)])
+             + _worker_metrics(catalogue, active, failed, counts) + _runner_metrics(runners))
     return "\n".join(lines) + "\n"

@@ -115,7 +115,7 @@ def start_embedded_database(data_dir: Path) -> Database:
     if cluster.is_running():
         # Another `scrinalia dev` started it: reuse it and leave it running for that one.
         say(f"PostgreSQL under {data_dir} is already running; reusing it (it is left running at the end)")
-        stop = lambda: None  # noqa: E731
+        stop = lambda: None  # noqa: E731 - the other branch binds cluster.stop: one name, two callables
         left_running = (f"PostgreSQL under {cluster.data_dir} was already running when this started: left running "
                         f"(stop it with the `make dev` that started it, or: pg_ctl -D {cluster.data_dir} stop)")
     else:
@@ -140,7 +140,7 @@ def start_embedded_database(data_dir: Path) -> Database:
 
 def _start_pgserver(data_dir: Path) -> Database:
     try:
-        import pgserver  # type: ignore[import-not-found]
+        import pgserver  # type: ignore[import-not-found]  # optional: only when no PostgreSQL is installed
     except ImportError:
         raise DevError(
             "no PostgreSQL server binaries are installed (initdb, pg_ctl) and the pgserver wheel is absent: "
@@ -278,7 +278,7 @@ def scheduler_argv() -> list[str]:
 def runner_argv(name: str, concurrency: int, capabilities: list[str] | None = None,
                 extra: list[str] | None = None) -> list[str]:
     argv = [
-        sys.executable, "-m", "scrinalia.domains.archive.workers.runner_daemon",
+        sys.executable, "-m", "runner.cli", "daemon",  # `scrinalia-runner daemon`: the one way to start one
         "--name", name, "--concurrency", str(concurrency),
     ]
     if capabilities:
@@ -354,7 +354,7 @@ def needs_setup(database_url: str) -> dict[str, str]:
                 validate_run_request(catalogue, engine, name, {})
             except InvalidRunRequest as exc:
                 out[name] = exc.field
-    except Exception as exc:  # noqa: BLE001 - the banner must not stop make dev
+    except Exception as exc:  # the banner must not stop make dev
         say(f"could not check the workers' settings ({exc})")
     finally:
         engine.dispose()
@@ -460,42 +460,40 @@ def command(port: int, host: str, data_dir: Path, admin_email: str, concurrency:
         _prepare_and_run(database, host, port, admin_email, concurrency, runner, scheduler, demo, stopping,
                          processes, external=bool(external))
     finally:
-        for proc in reversed(processes):  # the runner first (it drains), then the API
-            if proc.poll() is None:
-                say(f"stopping {proc.name} (pid {proc.pid})")
-            code = proc.stop(timeout=DEV_DRAIN_S + 15 if proc.name == "runner" else 15)
-            clean = code in (0, -signal.SIGTERM, 128 + signal.SIGTERM)
-            say(f"{proc.name} stopped" + ("" if clean else f" (exit {code})"))
-        stopped = True
-        if database.left_running:
-            stopped = False
-            say(database.left_running)
-        elif not external:
-            say("stopping PostgreSQL")
-            try:
-                database.stop()
-            except Exception as exc:  # noqa: BLE001 - report it, the rest is stopped already
-                stopped = False
-                say(f"PostgreSQL did not stop cleanly: {exc}")
+        _stop_processes(processes)
+        stopped = _stop_database(database, external=bool(external))
         say("all stopped" if stopped else "stopped, except PostgreSQL (see above)")
+
+
+def _stop_processes(processes: list[Managed]) -> None:
+    for proc in reversed(processes):  # the runner first (it drains), then the API
+        if proc.poll() is None:
+            say(f"stopping {proc.name} (pid {proc.pid})")
+        code = proc.stop(timeout=DEV_DRAIN_S + 15 if proc.name == "runner" else 15)
+        clean = code in (0, -signal.SIGTERM, 128 + signal.SIGTERM)
+        say(f"{proc.name} stopped" + ("" if clean else f" (exit {code})"))
+
+
+def _stop_database(database: Database, *, external: bool) -> bool:
+    """Stop the private PostgreSQL this command started; False when it is left running."""
+    if database.left_running:
+        say(database.left_running)
+        return False
+    if external:
+        return True
+    say("stopping PostgreSQL")
+    try:
+        database.stop()
+    except Exception as exc:  # report it, the rest is stopped already
+        say(f"PostgreSQL did not stop cleanly: {exc}")
+        return False
+    return True
 
 
 def _prepare_and_run(database: Database, host: str, port: int, admin_email: str, concurrency: int,
                      runner: bool, scheduler: bool, demo: bool, stopping: threading.Event,
                      processes: list[Managed], *, external: bool = False) -> None:
-    from scrinalia.db import migrate
-    from scrinalia.db.engine import create_engine_from_url
-
-    say("migrating the schema to the bundled head")
-    migrate.upgrade(database.url)
-    engine = create_engine_from_url(database.url, application_name="scrinalia-dev")
-    try:
-        if demo:
-            say(load_demo(engine))
-        admin = ensure_admin(engine, admin_email, os.environ.get("SCRINALIA_ADMIN_PASSWORD") or None)
-        say(f"admin {admin.email}: {'created' if admin.created else 'exists already'}")
-    finally:
-        engine.dispose()
+    admin = _prepare_database(database, admin_email, demo)
     if stopping.is_set():
         return
 
@@ -520,6 +518,29 @@ def _prepare_and_run(database: Database, host: str, port: int, admin_email: str,
         say(line)
     admin.password = None  # printed once
 
+    _watch(processes, stopping)
+
+
+def _prepare_database(database: Database, admin_email: str, demo: bool) -> AdminOutcome:
+    """Migrate to the bundled head, load the demo collection, make sure the admin exists."""
+    from scrinalia.db import migrate
+    from scrinalia.db.engine import create_engine_from_url
+
+    say("migrating the schema to the bundled head")
+    migrate.upgrade(database.url)
+    engine = create_engine_from_url(database.url, application_name="scrinalia-dev")
+    try:
+        if demo:
+            say(load_demo(engine))
+        admin = ensure_admin(engine, admin_email, os.environ.get("SCRINALIA_ADMIN_PASSWORD") or None)
+        say(f"admin {admin.email}: {'created' if admin.created else 'exists already'}")
+    finally:
+        engine.dispose()
+    return admin
+
+
+def _watch(processes: list[Managed], stopping: threading.Event) -> None:
+    """Until asked to stop: one process that exits stops the rest."""
     while not stopping.wait(0.5):
         for proc in processes:
             code = proc.poll()

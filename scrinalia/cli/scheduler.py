@@ -11,7 +11,9 @@ from scrinalia.settings import get_settings
 
 
 def _engine():
-    return app_engine(get_settings(), application_name="scrinalia-scheduler")
+    from scrinalia.scheduler.service import SESSION_BOUNDS
+
+    return app_engine(get_settings(), application_name="scrinalia-scheduler", connect_args=dict(SESSION_BOUNDS))
 
 
 @click.group("scheduler")
@@ -63,7 +65,8 @@ def list_() -> None:
 
     for s in list_schedules(_engine()):
         state = "enabled" if s.enabled else "disabled"
-        click.echo(f"{s.id}\t{s.worker_name}\tevery {s.interval_seconds}s\t{state}\tnext {s.next_run_at:%Y-%m-%d %H:%M:%S}"
+        click.echo(f"{s.id}\t{s.worker_name}\tevery {s.interval_seconds}s\t{state}"
+                   f"\tnext {s.next_run_at:%Y-%m-%d %H:%M:%S}"
                    f"\tlast {s.last_outcome or '-'}")
 
 

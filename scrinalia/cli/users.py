@@ -92,7 +92,8 @@ def list_(as_json: bool) -> None:
     click.echo(f"{'EMAIL':40} {'ROLE':8} {'ACTIVE':6} {'MUST-CHANGE':11} {'LOCKED-UNTIL':25} LAST-LOGIN")
     for u in users:
         click.echo(
-            f"{u.email:40} {u.role:8} {'yes' if u.is_active else 'no':6} {'yes' if u.must_change_password else 'no':11} "
+            f"{u.email:40} {u.role:8} {'yes' if u.is_active else 'no':6} "
+            f"{'yes' if u.must_change_password else 'no':11} "
             f"{(u.locked_until.isoformat(timespec='seconds') if u.locked_until else '-'):25} "
             f"{u.last_login_at.isoformat(timespec='seconds') if u.last_login_at else '-'}"
         )

@@ -36,17 +36,37 @@ def tls_connect_args(tls: DatabaseTls | None = None, url: URL | None = None) -> 
     """
     tls = tls if tls is not None else load_tls()
     query = dict(url.query) if url is not None else {}
-    mode = tls.db_sslmode
+    mode: str = tls.db_sslmode
     url_mode = query.get("sslmode")
     if isinstance(url_mode, str) and url_mode in SSL_MODES_BY_STRENGTH and (
         SSL_MODES_BY_STRENGTH.index(url_mode) > SSL_MODES_BY_STRENGTH.index(mode)
     ):
         mode = url_mode
-    args = {"sslmode": mode}
+    args: dict[str, str] = {"sslmode": mode}
     root = tls.db_sslrootcert if tls.db_sslrootcert is not None else query.get("sslrootcert")
     if root:
         args["sslrootcert"] = str(root)
     return args
+
+
+#: libpq's side of a dead peer (decision 0102): TCP keepalives on an idle connection (the first probe
+#: after 5 s of silence, then every 2 s, given up after 3 unanswered: about 11 s) and a bound on data
+#: left unacknowledged (10 s), so a client whose server host died learns it in seconds, not hours.
+#: A caller's ``connect_args`` may set shorter ones (the runner's parent sets its own tcp_user_timeout).
+KEEPALIVE_CONNECT_ARGS: dict[str, int] = {
+    "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+#: The server's side, sent as session settings (any role may set them): a backend whose client host
+#: died (frozen, powered off, cut off by the network) is found dead the same way, so its transaction is
+#: rolled back and its locks are released within seconds instead of after the kernel's 2 h default.
+KEEPALIVE_SERVER_OPTIONS = ("-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3"
+                            " -c tcp_user_timeout=10000")
+
+
+def merge_options(*options: str | None) -> str:
+    """libpq ``options`` strings joined (a later ``-c name=value`` wins over an earlier one)."""
+    return " ".join(o.strip() for o in options if o and o.strip())
 
 
 def connect_args_for(settings: DatabaseTls | None, application_name: str, url: URL | None = None) -> dict[str, Any]:
@@ -127,7 +147,10 @@ def create_engine_from_url(
         SSL_MODES_BY_STRENGTH.index(extra["sslmode"]) < SSL_MODES_BY_STRENGTH.index(connect_args["sslmode"])
     ):
         extra.pop("sslmode")
+    options = merge_options(KEEPALIVE_SERVER_OPTIONS, extra.pop("options", None))
+    connect_args.update(KEEPALIVE_CONNECT_ARGS)
     connect_args.update(extra)
+    connect_args["options"] = options
     # hide_parameters: a failed statement's parameters never reach an exception message or a log.
     engine = create_engine(parsed.url, connect_args=connect_args, hide_parameters=True, **kwargs)
     if server_facts is not None:

@@ -51,7 +51,7 @@ class LocalCluster:
     bindir: Path
 
     @classmethod
-    def create(cls, root: Path, port: int | None = None) -> "LocalCluster":
+    def create(cls, root: Path, port: int | None = None) -> LocalCluster:
         """Init a cluster under ``root`` (or reuse the one already there) and return it, not started."""
         root = root.resolve()
         cluster = cls(root / "pgdata", port or _saved_port(root) or free_port(), find_bindir())
@@ -112,7 +112,8 @@ class LocalCluster:
         log.touch()
         self._chown(log)
         _run(self._as_server_user([
-            str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-l", str(log), "-o", options, "-w", "-t", "60", "start",
+            str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-l", str(log), "-o", options,
+            "-w", "-t", "60", "start",
         ]))
         self._wait_ready()
 
@@ -134,7 +135,8 @@ class LocalCluster:
 
     def stop(self, mode: str = "fast") -> None:
         if self.is_running():
-            _run(self._as_server_user([str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w", "stop"]))
+            pg_ctl = str(self.bindir / "pg_ctl")
+            _run(self._as_server_user([pg_ctl, "-D", str(self.data_dir), "-m", mode, "-w", "stop"]))
 
     def destroy(self) -> None:
         self.stop("immediate")
@@ -151,4 +153,5 @@ def _saved_port(root: Path) -> int | None:
 def _run(argv: list[str]) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise LocalClusterError(f"{' '.join(argv[:1] + argv[-1:])} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+        output = proc.stderr.strip() or proc.stdout.strip()
+        raise LocalClusterError(f"{' '.join(argv[:1] + argv[-1:])} failed: {output}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from psycopg import sql
 from sqlalchemy import Engine
@@ -69,7 +70,8 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
                 "started_at", "heartbeat_at", "lease_expires_at"),
         update=_RUN_PROTOCOL_COLUMNS,
         why="claim_next, record_start, heartbeat, finish, expire_leases, request_cancel (one-shot Ctrl-C), "
-            "create_running (one-shot CLI), the SDK's lease fence (SELECT ... FOR UPDATE), get_run",
+            "create_running (one-shot CLI), get_run; the batch fence's check at COMMIT takes the row FOR SHARE "
+            "(which needs UPDATE on a column: it has)",
     ),
     TableGrant(
         "archive_worker_runners",
@@ -102,6 +104,9 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
     TableGrant("archive_review_queue", insert=("document_id", "reason", "details", "source_run_id"),
                update=("reason", "details", "source_run_id"),
                why="quality-validator's open review item (ON CONFLICT DO UPDATE); quality reads has-entities"),
+    TableGrant("archive_batch_fences", insert=("run_id", "runner_id"), delete=True,
+               why="ledger.register_batch_fence (the SDK's commit) inserts the fence; its trigger at COMMIT "
+                   "(migration 0008, run as the invoker) deletes it"),
     TableGrant("archive_worker_settings", why="the child resolves the run's effective settings"),
     TableGrant("archive_cleaning_rules", why="cleaning's REWRITE rules, quality's VALIDATE and LLM_CHECK rules"),
     TableGrant("archive_typologies", why="typology's active typologies"),
@@ -160,7 +165,7 @@ def ensure_runner_role(engine: Engine, role: str = "scrinalia_runner", password:
         raise ValueError("role must be a lower-case SQL identifier")
     ident = sql.Identifier(role)
     with engine.begin() as conn:
-        raw = conn.connection.driver_connection
+        raw: Any = conn.connection.driver_connection  # psycopg's connection: the SQL composed below is its own
         with raw.cursor() as cur:
             created, altered = _ensure_attributes(cur, role, ident)
             if password is not None:
@@ -178,16 +183,7 @@ def ensure_runner_role(engine: Engine, role: str = "scrinalia_runner", password:
             cur.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM {}").format(ident))
             cur.execute(sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {}").format(ident))
             cur.execute(sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {}").format(ident))
-            for grant in RUNNER_GRANTS:
-                table = sql.Identifier(grant.table)
-                for verb, columns in grant.privileges():
-                    target = sql.SQL("") if columns == ALL else sql.SQL(" ({})").format(
-                        sql.SQL(", ").join(sql.Identifier(c) for c in columns))
-                    cur.execute(sql.SQL("GRANT {}{} ON {} TO {}").format(sql.SQL(verb), target, table, ident))
-            for suffix, body in RUN_POLICIES.items():
-                name = sql.Identifier(f"{role}__{suffix}")
-                cur.execute(sql.SQL("DROP POLICY IF EXISTS {} ON archive_worker_runs").format(name))
-                cur.execute(sql.SQL("CREATE POLICY {} ON archive_worker_runs " + body).format(name, role=ident))
+            _grant_tables_and_policies(cur, role, ident)
             connect_revoked = _revoke_connect_elsewhere(cur, database)
             cur.execute(
                 "SELECT datname FROM pg_database WHERE datallowconn AND datname <> %s "
@@ -196,6 +192,20 @@ def ensure_runner_role(engine: Engine, role: str = "scrinalia_runner", password:
             cur.execute("SELECT has_database_privilege(%s, %s, 'TEMP')", (role, database))
             temp_revoked = not cur.fetchone()[0]
     return RunnerRoleReport(role, created, altered, temp_revoked, connect_revoked, still)
+
+
+def _grant_tables_and_policies(cur: Any, role: str, ident: sql.Identifier) -> None:
+    """``RUNNER_GRANTS`` (by column where a grant names columns) and the role's ``RUN_POLICIES``."""
+    for grant in RUNNER_GRANTS:
+        table = sql.Identifier(grant.table)
+        for verb, columns in grant.privileges():
+            target = sql.SQL("") if columns == ALL else sql.SQL(" ({})").format(
+                sql.SQL(", ").join(sql.Identifier(c) for c in columns))
+            cur.execute(sql.SQL("GRANT {}{} ON {} TO {}").format(sql.SQL(verb), target, table, ident))
+    for suffix, body in RUN_POLICIES.items():
+        name = sql.Identifier(f"{role}__{suffix}")
+        cur.execute(sql.SQL("DROP POLICY IF EXISTS {} ON archive_worker_runs").format(name))
+        cur.execute(sql.SQL("CREATE POLICY {} ON archive_worker_runs " + body).format(name, role=ident))
 
 
 def _ensure_attributes(cur, role: str, ident: sql.Identifier) -> tuple[bool, tuple[str, ...]]:
@@ -207,7 +217,7 @@ def _ensure_attributes(cur, role: str, ident: sql.Identifier) -> tuple[bool, tup
     if row is None:
         cur.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
         return True, ()
-    wrong = [clause for (name, (clause, want)), have in zip(_ATTRIBUTES.items(), row) if have != want]
+    wrong = [clause for (name, (clause, want)), have in zip(_ATTRIBUTES.items(), row, strict=True) if have != want]
     if wrong:
         cur.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
         if not cur.fetchone()[0] and set(wrong) & {"NOSUPERUSER", "NOREPLICATION", "NOBYPASSRLS"}:

@@ -7,6 +7,7 @@ use Core constructs. The protocol's own statements are written as visible SQL in
 from __future__ import annotations
 
 from sqlalchemy import (
+    REAL,
     BigInteger,
     Boolean,
     CheckConstraint,
@@ -20,7 +21,6 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
-    REAL,
     MetaData,
     String,
     Table,
@@ -255,7 +255,7 @@ archive_worker_runs = Table(
     CheckConstraint(f"char_length(error) <= {ERROR_MAX}", name="ck_run_error_length"),
     CheckConstraint(f"exit_reason IN ({_quoted_reasons})", name="ck_run_exit_reason"),
     CheckConstraint("attempt >= 1", name="ck_run_attempt_positive"),
-    # One slot per worker: the queue is a slot, not a backlog (ADR 0014, decision 2). It holds exactly the
+    # One slot per worker: the queue is a slot, not a backlog (docs/protocol.md). It holds exactly the
     # active rows (at most one per worker), so the claim reads it whatever the history (migration 0003
     # dropped the separate QUEUED and lease indexes: one index entry fewer per enqueue and per claim).
     Index("uq_worker_run_active", "worker_name", unique=True,
@@ -308,29 +308,26 @@ archive_documents = Table(
     # The document workers' queues (scrinalia/domains/archive/workers/stamps.py): one partial index per
     # stamp key whose predicate is the worker's pending condition, so a pending count is index-only.
     Index("ix_documents_title_normalized", func.lower(func.btrim(text("title")))),
+    # The predicates are the SQL functions of migration 0009, which the workers' queries call too.
     Index("ix_documents_pending_embedding", "id", postgresql_where=text(
-        "(execution_log #>> '{embedding,stamp}') IS DISTINCT FROM "
-        "archive_text_stamp(title, scope_and_content, admin_biographical_history, provenance)")),
+        "archive_pending_embedding(execution_log, title, scope_and_content, admin_biographical_history, provenance)")),
     Index("ix_documents_pending_ner", "id", postgresql_where=text(
-        "status <> 'HUMAN_APPROVED' AND (execution_log #>> '{ner,stamp}') IS DISTINCT FROM "
-        "archive_text_stamp(title, scope_and_content, admin_biographical_history, provenance)")),
+        "archive_pending_ner(status, execution_log, title, scope_and_content, admin_biographical_history, "
+        "provenance)")),
     Index("ix_documents_pending_typology", "id", postgresql_where=text(
-        "status <> 'HUMAN_APPROVED' AND (execution_log #>> '{typology,stamp}') IS DISTINCT FROM md5(title)")),
+        "archive_pending_typology(status, execution_log, title)")),
     Index("ix_documents_pending_quality", "id", postgresql_where=text(
-        "status <> 'HUMAN_APPROVED' AND (execution_log #>> '{quality-validator,stamp}') IS DISTINCT FROM "
-        "archive_quality_stamp(title, scope_and_content, admin_biographical_history, provenance, "
-        "date_text, date_start, date_end, execution_log)")),
+        "archive_pending_quality(status, execution_log, title, scope_and_content, admin_biographical_history, "
+        "provenance, date_text, date_start, date_end)")),
     # cleaning: pending = governed AND (text changed since cleaning [this partial index] OR cleaning_ruleset
     # differs from the current rule set's signature [range scans on ix_documents_cleaning_ruleset]).
     Index("ix_documents_pending_cleaning", "id", "cleaning_ruleset", postgresql_where=text(
-        "status <> 'HUMAN_APPROVED' AND cleaning_text_stamp IS DISTINCT FROM "
-        "archive_cleaning_text_stamp(title, scope_and_content, admin_biographical_history, provenance)")),
+        "archive_pending_cleaning_text(status, cleaning_text_stamp, title, scope_and_content, "
+        "admin_biographical_history, provenance)")),
     Index("ix_documents_cleaning_ruleset", "cleaning_ruleset", postgresql_include=["status"]),
     # Written together (cleaning.py), so "cleaning_ruleset IS NULL" is covered by the text-changed arm.
     CheckConstraint("(cleaning_ruleset IS NULL) = (cleaning_text_stamp IS NULL)", name="ck_documents_cleaning_record"),
-    Index("ix_documents_stamp_errors", "id", postgresql_where=text(
-        "(jsonb_path_exists(execution_log, '$.*.status ? (@ == \"ERROR\")') "
-        "OR jsonb_path_exists(execution_log, '$.cleaning.*.status ? (@ == \"ERROR\")'))")),
+    Index("ix_documents_stamp_errors", "id", postgresql_where=text("archive_has_stamp_error(execution_log)")),
 )
 
 archive_document_embeddings = Table(
@@ -442,4 +439,15 @@ archive_review_queue = Table(
     Column("resolved_by", Text),
     Index("uq_review_open_per_document", "document_id", unique=True,
           postgresql_where=text("resolved_at IS NULL")),
+)
+
+# Migration 0008: one row per open batch of a worker (RunContext.commit), checked and deleted by a
+# deferred constraint trigger at COMMIT (the batch fence, decision 0100). UNLOGGED: a row never outlives
+# its transaction.
+archive_batch_fences = Table(
+    "archive_batch_fences",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), nullable=False),
+    Column("runner_id", UUID(as_uuid=True), nullable=False),
+    prefixes=["UNLOGGED"],
 )

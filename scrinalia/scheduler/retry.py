@@ -1,4 +1,4 @@
-"""The retry policy of ADR 0014, decision 8, as one statement.
+"""The retry policy (docs/operations.md, "Retry policy") as one statement.
 
 Only SCHEDULE runs are retried; manual (API) and CLI runs never are. A retry is a new row created after
 the previous row is terminal: attempt + 1, retry_of = the failed run, the same request, and
@@ -10,8 +10,8 @@ operator already re-ran by hand is not retried behind their back.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 import uuid
+from dataclasses import dataclass
 
 from sqlalchemy import Engine, text
 

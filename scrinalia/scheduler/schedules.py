@@ -81,7 +81,8 @@ _RECORD_TICK = text(
 )
 
 _LIST = text(f"SELECT {_COLUMNS} FROM archive_worker_schedules ORDER BY worker_name, id")
-_SET_ENABLED = text(f"UPDATE archive_worker_schedules SET enabled = :enabled, updated_at = now() WHERE id = :id RETURNING {_COLUMNS}")
+_SET_ENABLED = text("UPDATE archive_worker_schedules SET enabled = :enabled, updated_at = now() WHERE id = :id "
+                    f"RETURNING {_COLUMNS}")
 _DELETE = text("DELETE FROM archive_worker_schedules WHERE id = :id")
 
 
@@ -119,7 +120,8 @@ def set_enabled(engine: Engine, schedule_id: int, enabled: bool, *, by: str | No
     worker's slot: a disabled schedule must not keep a manual Run out). A RUNNING run is left alone."""
     with engine.begin() as conn:
         row = conn.execute(_SET_ENABLED, {"id": schedule_id, "enabled": enabled}).one_or_none()
-        queued = [] if enabled or row is None else list(conn.execute(_QUEUED_OF_SCHEDULE, {"id": schedule_id}).scalars())
+        queued = ([] if enabled or row is None
+                  else list(conn.execute(_QUEUED_OF_SCHEDULE, {"id": schedule_id}).scalars()))
     for run_id in queued:
         try:
             ledger.request_cancel(engine, run_id, requested_by=by or "schedule disabled")

@@ -14,13 +14,22 @@ from dataclasses import dataclass, field
 import psycopg
 from sqlalchemy import Engine
 
-from scrinalia.db.errors import database_errors, describe_database_error
+from scrinalia.db.errors import database_errors, database_problem
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.workers.validation import Catalogue
 from scrinalia.scheduler.retry import Retry, retry_failed_scheduled_runs
 from scrinalia.scheduler.schedules import TickOutcome, fire_due_schedules
 
 log = logging.getLogger("scrinalia.scheduler")
+
+#: The scheduler's sessions are bounded by the server (decision 0101): a tick is a few one-statement
+#: steps of milliseconds, so no statement may run 10 s, no lock be waited on 5 s, no transaction idle
+#: 10 s; a connection attempt gives up after 5 s. A tick that hits a bound fails with one log line and
+#: the next tick tries again: the scheduler never waits without a bound.
+SESSION_BOUNDS: dict[str, object] = {
+    "connect_timeout": 5,
+    "options": "-c statement_timeout=10000 -c lock_timeout=5000 -c idle_in_transaction_session_timeout=10000",
+}
 
 # A fixed 64-bit key: hashtext('scrinalia-scheduler') would do too, but a literal is greppable.
 LEADER_LOCK_KEY = 0x5C41_5C4E_0001
@@ -52,13 +61,15 @@ class Scheduler:
             # Detached from the pool: closing it really ends the session, and with it the lock. A
             # pooled connection would carry the lock back into the pool.
             driver = pooled.driver_connection
+            assert driver is not None, "a checked-out connection has a driver connection"
             pooled.detach()
             driver.autocommit = True
             self._leader_conn = driver
         try:
             with self._leader_conn.cursor() as cur:
                 cur.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK_KEY,))
-                held = cur.fetchone()[0]
+                answer = cur.fetchone()
+                held = answer is not None and answer[0]
         except Exception:
             self.release()
             raise
@@ -86,8 +97,9 @@ class Scheduler:
         report.fired = fire_due_schedules(self.engine, self.catalogue)
         for item in report.fired:
             log.info("schedule %s (%s): %s %s", item.schedule_id, item.worker_name, item.outcome, item.run_id or "")
-        for item in report.retries:
-            log.info("retry of %s (%s): attempt %s as %s", item.retry_of, item.worker_name, item.attempt, item.run_id)
+        for retry in report.retries:
+            log.info("retry of %s (%s): attempt %s as %s", retry.retry_of, retry.worker_name, retry.attempt,
+                     retry.run_id)
         return report
 
     def serve(self, interval_s: float = 5.0, stop: threading.Event | None = None) -> None:
@@ -103,8 +115,7 @@ class Scheduler:
                         log.info("scheduler is %s", "the leader" if leader else "standing by")
                         was_leader = leader
                 except database_errors() as exc:  # the database is down or refuses us: one line, retry
-                    log.warning("scheduler tick failed: database error: %s; retrying in %.0f s",
-                                describe_database_error(exc), interval_s)
+                    log.warning("scheduler tick failed: %s; retrying in %.0f s", database_problem(exc), interval_s)
                 except Exception:
                     log.exception("scheduler tick failed; retrying in %.0f s", interval_s)
                 stop.wait(interval_s)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,8 +20,8 @@ HASHER = cheap_hasher()
 def api_settings(**overrides) -> ApiSettings:
     # events_stream_seconds=0: the live-panel stream answers its hello and ends (the route-table walks
     # of test_guards call every GET; a stream that never ends would hold them forever).
-    base = dict(cookie_secure=False, login_rate_limit=1000, lockout_base_seconds=60, counts_max_age_seconds=0,
-                events_stream_seconds=0)
+    base: dict[str, Any] = dict(cookie_secure=False, login_rate_limit=1000, lockout_base_seconds=60,
+                                counts_max_age_seconds=0, events_stream_seconds=0)
     base.update(overrides)
     return ApiSettings(**base)
 

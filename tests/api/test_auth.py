@@ -112,7 +112,8 @@ def test_change_password_needs_the_current_one_and_revokes_other_sessions(client
     add_user(engine, "cp@example.org")
     other = client.post("/api/v1/auth/login", json={"email": "cp@example.org", "password": PASSWORD,
                                                      "issue_token": True}).json()["token"]
-    csrf = client.post("/api/v1/auth/login", json={"email": "cp@example.org", "password": PASSWORD}).json()["csrf_token"]
+    login = client.post("/api/v1/auth/login", json={"email": "cp@example.org", "password": PASSWORD})
+    csrf = login.json()["csrf_token"]
     r = client.post("/api/v1/auth/change-password", headers={"X-CSRF-Token": csrf},
                     json={"current_password": "not the password", "new_password": "a brand new passphrase"})
     assert r.status_code == 422 and "current_password" in r.json()["fields"]

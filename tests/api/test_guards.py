@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import Any
 
 import pytest
+
 from scrinalia.api.app import SYSTEM_PREFIX, api_routes, assert_system_routes_guarded
 from scrinalia.api.security import SAFE_METHODS
 from tests.api.conftest import add_user, cookie_login
@@ -24,7 +26,7 @@ def system_calls(app):
 
 
 def _send(client, method, path, **kw):
-    body = {} if method in ("POST", "PUT", "PATCH") else None
+    body: dict[str, Any] | None = {} if method in ("POST", "PUT", "PATCH") else None
     return client.request(method, path, json=body, **kw)
 
 

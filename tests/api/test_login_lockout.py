@@ -128,7 +128,8 @@ def test_thirty_concurrent_wrong_logins_against_two_processes_check_at_most_five
                   API_LOGIN_RATE_LIMIT="10") as api:
         # The user's browser logged in before the attack: it holds a device cookie.
         with httpx.Client(base_url=api.base, timeout=30) as own_browser:
-            assert own_browser.post(LOGIN, json={"email": "target@example.org", "password": PASSWORD}).status_code == 200
+            login = own_browser.post(LOGIN, json={"email": "target@example.org", "password": PASSWORD})
+            assert login.status_code == 200
             own_browser.cookies.delete("scrinalia_session")
 
             def attempt(args):

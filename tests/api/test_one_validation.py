@@ -16,7 +16,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from scrinalia.api.app import create_app
-from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.workers.plugins import load_catalogue
 from scrinalia.scheduler.service import Scheduler
 from tests.api.conftest import HASHER, add_user, api_settings, bearer

@@ -19,7 +19,8 @@ def test_enqueue_answers_201_with_the_queued_run(client, admin_headers):
     run = r.json()
     assert run["status"] == "QUEUED" and run["worker_name"] == "alpha" and run["trigger"] == "API"
     assert run["requested_by"] == "admin@example.org"
-    assert run["request"] == {"engine_name": "large", "preset": "gpu", "db_batch_size": 8, "options": {"threshold": 0.9}}
+    assert run["request"] == {"engine_name": "large", "preset": "gpu", "db_batch_size": 8,
+                              "options": {"threshold": 0.9}}
     assert r.headers["location"] == f"{R}/{run['run_id']}"
 
 
@@ -120,7 +121,8 @@ def test_the_runs_list_filters_and_pages_by_keyset(client, admin_headers, engine
         if cursor is None:
             break
     assert len(seen) == 9 and seen == sorted(seen, reverse=True)
-    assert {r["worker_name"] for r in client.get(R, headers=admin_headers, params={"worker": "beta"}).json()["runs"]} == {"beta"}
+    beta = client.get(R, headers=admin_headers, params={"worker": "beta"}).json()["runs"]
+    assert {r["worker_name"] for r in beta} == {"beta"}
     failed = client.get(R, headers=admin_headers, params={"status": "FAILED"}).json()["runs"]
     assert len(failed) == 3
     both = client.get(R, headers=admin_headers, params=[("status", "FAILED"), ("status", "SUCCESS")]).json()["runs"]

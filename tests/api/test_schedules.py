@@ -19,6 +19,7 @@ def test_schedule_lifecycle(client, engine, admin_headers, viewer_headers):
     assert listed.status_code == 200 and [s["id"] for s in listed.json()["schedules"]] == [created["id"]]
 
     (fired,) = Scheduler(engine, {w.name: w for w in WORKERS}).tick().fired
+    assert fired.run_id is not None
     run = ledger.get_run(engine, fired.run_id)
     assert run.trigger == "SCHEDULE" and run.schedule_id == created["id"] and run.request == {"db_batch_size": 8}
     assert client.get(S, headers=viewer_headers).json()["schedules"][0]["last_outcome"] == "enqueued"

@@ -25,7 +25,8 @@ def test_the_catalogue_with_engines_presets_options_and_effective_settings(clien
     assert {(p["engine"], p["name"]) for p in alpha["presets"]} >= {("small", "fast"), ("large", "gpu")}
     assert alpha["options"][0]["name"] == "threshold"
     eff = alpha["settings"]["effective"]
-    assert eff["engine_name"] == "small" and eff["options"] == {"threshold": 0.5} and eff["sources"]["engine_name"] == "default"
+    assert eff["engine_name"] == "small" and eff["options"] == {"threshold": 0.5}
+    assert eff["sources"]["engine_name"] == "default"
     assert alpha["settings"]["persisted"] is None
     assert alpha["active_run"] is None and alpha["last_run"] is None and alpha["queued_reason"] is None
 

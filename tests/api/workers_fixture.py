@@ -17,7 +17,8 @@ def _load(options):  # never called by the API
     raise AssertionError("the API must never load an engine")
 
 
-_ENGINE_OPTIONS = {"device": OptionSpec("str", "cpu", choices=("cpu", "cuda")), "api_token": OptionSpec("str", None, nullable=True)}
+_ENGINE_OPTIONS = {"device": OptionSpec("str", "cpu", choices=("cpu", "cuda")),
+                   "api_token": OptionSpec("str", None, nullable=True)}
 _PRESETS = {"fast": Preset("fast", "cpu, small batches", {"device": "cpu"}),
             "gpu": Preset("gpu", "cuda", {"device": "cuda"})}
 

@@ -67,7 +67,8 @@ def tls_cluster():
 
 
 def _env(url: str, rootcert: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "RUNNER_DATABASE_URL", "DB_", "PG"))}
+    ours = ("DATABASE_URL", "RUNNER_DATABASE_URL", "DB_", "PG")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ours)}
     env.update(DATABASE_URL=url, DB_SSLMODE="verify-full", DB_SSLROOTCERT=str(rootcert))
     return env
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -47,7 +48,8 @@ FORBIDDEN = {
     "forge who asked": "INSERT INTO archive_worker_runs (worker_name, status, trigger, requested_by_user_id) "
                        "VALUES ('embedding', 'RUNNING', 'CLI', 1)",
     "enqueue a run": "INSERT INTO archive_worker_runs (worker_name, status, trigger) VALUES ('x', 'QUEUED', 'API')",
-    "insert a finished run": "INSERT INTO archive_worker_runs (worker_name, status, trigger) VALUES ('x', 'SUCCESS', 'CLI')",
+    "insert a finished run": "INSERT INTO archive_worker_runs (worker_name, status, trigger) "
+                             "VALUES ('x', 'SUCCESS', 'CLI')",
     "insert a run of no runner": "INSERT INTO archive_worker_runs (worker_name, status, trigger, runner_id) "
                                  "VALUES ('x', 'RUNNING', 'CLI', gen_random_uuid())",
     "rewrite what was asked": "UPDATE archive_worker_runs SET request = '{}'",
@@ -132,7 +134,7 @@ def test_the_protocol_steps_as_the_runner_role(engine, runner_url):
         as_runner.dispose()
 
 
-def test_a_daemon_as_the_runner_role(engine, runner_url, start_runner, runner_env):  # noqa: F811
+def test_a_daemon_as_the_runner_role(engine, runner_url, start_runner, runner_env):  # noqa: F811 - fixtures
     env = dict(runner_env, RUNNER_DATABASE_URL=runner_url)
     daemon = start_runner("--capabilities", "ok", "--poll", "0.2", "--heartbeat", "0.5", "--lease", "4", env=env)
     run = ledger.enqueue(engine, "ok", {"options": {"units": 3}}, requested_by="test")
@@ -166,7 +168,7 @@ def test_every_worker_as_the_runner_role(database_url, engine, runner_url, tmp_p
         conn.execute(text("INSERT INTO archive_cleaning_rules (name, kind, field, engine_name, engine_options, prompt) "
                           "VALUES ('nli', 'LLM_CHECK', 'title', 'nli-check', CAST(:eo AS jsonb), 'This is wrong.')"),
                      {"eo": json.dumps({"model": nli_model, "threshold": 0.5})})
-    requests = {
+    requests: dict[str, dict[str, Any]] = {
         "cleaning": {},
         "embedding": {"preset": "cpu"},
         "ner": {"engine_options": {"model": ner_model}, "preset": "cpu"},
@@ -182,7 +184,8 @@ def test_every_worker_as_the_runner_role(database_url, engine, runner_url, tmp_p
             assert (run.result or {}).get("units", 0) >= 1, (name, run.result)
     with engine.connect() as conn:
         counts = conn.execute(text(
-            "SELECT (SELECT count(*) FROM archive_document_embeddings), (SELECT count(*) FROM archive_document_entities),"
+            "SELECT (SELECT count(*) FROM archive_document_embeddings),"
+            " (SELECT count(*) FROM archive_document_entities),"
             " (SELECT count(*) FROM archive_document_typologies), (SELECT count(*) FROM archive_review_queue)")).one()
     assert all(c > 0 for c in counts), counts
 

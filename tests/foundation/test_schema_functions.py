@@ -15,7 +15,8 @@ from tests.foundation.clusters import create_database, private_cluster, psql
 from tests.workers.helpers import insert_docs
 
 # A sample argument per type, to call every function of the schema.
-_SAMPLES = {"text": "'x'", "date": "DATE '2001-02-03'", "jsonb": "'{\"ner\": {\"run_id\": \"r\"}}'::jsonb"}
+_SAMPLES = {"text": "'x'", "date": "DATE '2001-02-03'", "jsonb": "'{\"ner\": {\"run_id\": \"r\"}}'::jsonb",
+            "document_status": "'DRAFT'"}
 
 
 def _docs(n: int) -> list[dict]:

@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -58,15 +58,17 @@ def test_a_client_with_a_wrong_clock_gets_database_timestamps(database_url, engi
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     with engine.connect() as conn:
         db_now = conn.execute(text("SELECT now()")).scalar_one()
-    client_now = datetime.fromtimestamp(out["client_time"], tz=timezone.utc)
+    client_now = datetime.fromtimestamp(out["client_time"], tz=UTC)
     assert db_now - client_now > timedelta(days=700), "the client's clock was not skewed"
 
     run = ledger.get_run(engine, __import__("uuid").UUID(out["run_id"]))
     window = timedelta(minutes=2)
     for stamp in (run.queued_at, run.started_at, run.heartbeat_at, run.finished_at, run.not_before):
         assert abs(db_now - stamp) < window, stamp
-    assert (datetime.fromisoformat(out["claim_lease"]) - datetime.fromisoformat(out["claim_start"])) == timedelta(seconds=40)
+    lease = datetime.fromisoformat(out["claim_lease"]) - datetime.fromisoformat(out["claim_start"])
+    assert lease == timedelta(seconds=40)
     assert (run.lease_expires_at - run.heartbeat_at) == timedelta(seconds=40)
+    assert run.runner_id is not None
     runner = registry.get_runner(engine, run.runner_id)
     assert abs(db_now - runner.started_at) < window and abs(db_now - runner.last_heartbeat_at) < window
 
@@ -85,5 +87,6 @@ def test_no_protocol_statement_binds_a_timestamp(module):
             assert not any(word in name for word in ("_at", "now", "time", "date", "until")), (name, stmt.text)
     source = inspect.getsource(module)
     tree = ast.parse(source)
-    calls = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+    calls = {node.func.attr for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
     assert not calls & {"now", "utcnow", "time", "today"}, calls & {"now", "utcnow", "time", "today"}

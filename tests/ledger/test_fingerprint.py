@@ -54,6 +54,7 @@ def test_the_column_is_generated_from_error(engine):
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO archive_worker_runs (worker_name, trigger, request, status, error) "
                           "VALUES ('x', 'API', '{}', 'FAILED', 'IOError: disk 3 full')"))
-        assert conn.execute(text("SELECT error_fingerprint FROM archive_worker_runs")).scalar_one() == "ioerror: disk <n> full"
+        fingerprint = text("SELECT error_fingerprint FROM archive_worker_runs")
+        assert conn.execute(fingerprint).scalar_one() == "ioerror: disk <n> full"
         conn.execute(text("UPDATE archive_worker_runs SET error = 'TimeoutError: after 30 s'"))
-        assert conn.execute(text("SELECT error_fingerprint FROM archive_worker_runs")).scalar_one() == "timeouterror: after <n> s"
+        assert conn.execute(fingerprint).scalar_one() == "timeouterror: after <n> s"

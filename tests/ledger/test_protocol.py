@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -89,7 +90,8 @@ def test_claim_takes_the_oldest_first(engine):
 def test_record_start_is_fenced_by_runner_and_status(engine):
     me, run = _claimed(engine)
     stranger = register_runner(engine, ["embedding"], name="stranger")
-    effective = {"engine_name": "minilm", "preset": "cpu", "config": {"model": "m"}, "options": {"k": 1}}
+    effective: dict[str, Any] = {"engine_name": "minilm", "preset": "cpu", "config": {"model": "m"},
+                                 "options": {"k": 1}}
     assert ledger.record_start(engine, run.run_id, stranger, **effective) is False
     assert ledger.get_run(engine, run.run_id).engine_name is None
     assert ledger.record_start(engine, run.run_id, me, **effective) is True
@@ -122,7 +124,7 @@ def test_finish_is_fenced_and_records_exit_fields(engine):
 def test_finish_truncates_a_long_error(engine):
     me, run = _claimed(engine)
     done = ledger.finish(engine, run.run_id, me, "FAILED", error="ValueError: " + "x" * 5000, exit_reason="exception")
-    assert len(done.error) == 2000 and done.error.startswith("ValueError: ")
+    assert done.error is not None and len(done.error) == 2000 and done.error.startswith("ValueError: ")
 
 
 def test_heartbeat_renews_only_own_rows_and_reports_cancel_and_drain(engine):
@@ -179,7 +181,8 @@ def test_expire_leases_marks_only_expired_running_rows(engine):
     queued = ledger.enqueue(engine, "d", {})
     with engine.begin() as conn:
         conn.execute(
-            text("UPDATE archive_worker_runs SET lease_expires_at = now() - interval '1 second' WHERE run_id IN (:a, :c)"),
+            text("UPDATE archive_worker_runs SET lease_expires_at = now() - interval '1 second' "
+                 "WHERE run_id IN (:a, :c)"),
             {"a": expired.run_id, "c": finished.run_id},
         )
     result = ledger.expire_leases(engine)

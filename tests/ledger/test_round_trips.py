@@ -29,7 +29,9 @@ def test_new_run_ids_are_uuidv7_made_by_the_database_and_ordered_like_the_queue(
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO archive_worker_runs (worker_name, trigger, request) "
                           "VALUES ('plain-sql', 'API', '{}')"))
-    runs.append(ledger.active_run(engine, "plain-sql"))
+    plain = ledger.active_run(engine, "plain-sql")
+    assert plain is not None
+    runs.append(plain)
     ids = [r.run_id for r in runs]
     assert all(r.version == 7 and r.variant == uuid.RFC_4122 for r in ids)
     assert ids == sorted(ids, key=lambda u: u.bytes), "run ids are not in queued order"

@@ -93,11 +93,11 @@ class RunnerControl:
     def running(self) -> bool:
         return self.proc is not None and self.proc.alive()
 
-    def start(self) -> "RunnerControl":
+    def start(self) -> RunnerControl:
         if self.running:
             return self
         argv = [
-            sys.executable, "-m", "scrinalia.domains.archive.workers.runner_daemon",
+            sys.executable, "-m", "runner.cli", "daemon",
             "--name", self.name, "--capabilities", self.capabilities,
             "--concurrency", "2", "--heartbeat", "1", "--lease", "6", "--poll", "0.5", "--drain-timeout", "5",
             # A socket of its own, in a directory of its own (the runner makes its socket's directory 0700):

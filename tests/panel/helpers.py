@@ -32,7 +32,8 @@ def login(page, email: str, password: str) -> None:
 
 _CSP_LISTENER = """
 document.addEventListener('securitypolicyviolation', (e) => {
-  window.reportCspViolation(`${e.effectiveDirective} blocked ${e.blockedURI || 'inline'} at ${e.sourceFile}:${e.lineNumber}`);
+  window.reportCspViolation(
+    `${e.effectiveDirective} blocked ${e.blockedURI || 'inline'} at ${e.sourceFile}:${e.lineNumber}`);
 });
 """
 

@@ -10,9 +10,8 @@
 """
 from __future__ import annotations
 
-import dataclasses
-
 import ctypes
+import dataclasses
 import sys
 import time
 from typing import Any

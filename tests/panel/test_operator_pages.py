@@ -153,7 +153,8 @@ def test_retry_a_failed_run_and_its_runner(page, panel_engine, running_runner):
     shot(page, "34-retry")
 
     page.goto(f"/#/runs/{failed['run_id']}")
-    page.locator("section", has=page.get_by_role("heading", name="Summary")).get_by_role("link", name="panel-runner").click()
+    summary = page.locator("section", has=page.get_by_role("heading", name="Summary"))
+    summary.get_by_role("link", name="panel-runner").click()
     expect(page).to_have_url(re.compile(r"#/runners\?runner="))
     expect(page.locator('article.highlight[data-runner="panel-runner"]')).to_be_visible()
 

@@ -11,7 +11,7 @@ import time
 import uuid
 
 import pytest
-from playwright.sync_api import expect
+from playwright.sync_api import Page, expect
 from sqlalchemy import Engine, text
 
 from tests.panel.helpers import ADMIN, VIEWER, login, shot
@@ -129,7 +129,7 @@ def test_login_forces_a_password_change_and_shows_the_user(page, panel_engine):
     expect(page).to_have_url(re.compile(r"#/login$"))
 
 
-def test_a_run_goes_queued_running_success(page, panel_engine, runner_control):
+def test_a_run_goes_queued_running_success(page: Page, panel_engine, runner_control):
     runner_control.stop()  # no runner yet: the run must wait, and the panel must say why
     ensure_idle(panel_engine, "panel-slow")
     login(page, *ADMIN)

@@ -12,7 +12,6 @@ from sqlalchemy.exc import OperationalError
 from runner import bounded
 from runner.database import parent_engine
 from runner.options import RunnerOptions
-
 from tests.runner import netfault
 
 

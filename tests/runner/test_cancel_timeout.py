@@ -1,12 +1,11 @@
 """Cancellation (cooperative, then forced after the grace) and --max-runtime."""
 from __future__ import annotations
 
-import pytest
-
 import signal
 
-from scrinalia.domains.archive import ledger
+import pytest
 
+from scrinalia.domains.archive import ledger
 from tests.runner.conftest import enqueue, pid_alive, wait_for, wait_status
 
 pytestmark = pytest.mark.slow

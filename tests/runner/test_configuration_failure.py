@@ -24,7 +24,7 @@ def test_a_configuration_failure_is_recorded_as_such_and_not_retried(engine, sta
     scheduler = Scheduler(engine, catalogue)
     try:
         (fired,) = scheduler.tick().fired
-        assert fired.outcome == "enqueued"
+        assert fired.outcome == "enqueued" and fired.run_id is not None
         start_runner("--capabilities", "ner", "--poll", "0.2", "--heartbeat", "0.5", "--lease", "5",
                      "--start-method", "spawn")
         run = wait_status(engine, fired.run_id, "FAILED", timeout=90)

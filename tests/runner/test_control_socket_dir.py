@@ -16,7 +16,7 @@ import pytest
 
 from runner import control
 from runner.options import EXIT_USAGE
-from tests.runner.conftest import RUNNER, ROOT, wait_for
+from tests.runner.conftest import ROOT, RUNNER, wait_for
 
 
 def _mode(path: Path) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import signal
+from datetime import UTC
 
 import pytest
 
@@ -22,7 +23,6 @@ from runner.outcome import decide
 from scrinalia.domains.archive.workers.base import SystematicFailure, per_unit
 from scrinalia.domains.archive.workers.cuda import classify, is_sticky_cuda_error
 from scrinalia.domains.archive.workers.sdk import EngineSpec, Preset, WorkerSpec
-
 from tests.runner.workers import ASSERT_TEXT, ILLEGAL_ACCESS_ABORT, KERNEL_ASSERT_LINE, OOM_TEXT
 
 GiB = 2**30
@@ -215,11 +215,11 @@ def test_a_sticky_cuda_error_is_not_blamed_on_one_document():
 
 
 def test_the_api_says_why_a_gpu_run_waits():
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from scrinalia.api.views import queued_reason
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     gpu = WorkerSpec(name="g", label="g", description="", run=lambda ctx: None)
     big = WorkerSpec(name="b", label="b", description="", run=lambda ctx: None, gpu_memory_bytes=200 * GiB)
     cpu = WorkerSpec(name="c", label="c", description="", run=lambda ctx: None, gpu=False)

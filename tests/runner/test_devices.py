@@ -11,7 +11,6 @@ import pytest
 from scrinalia.api import views
 from scrinalia.domains.archive import registry
 from scrinalia.domains.archive.workers.plugins import load_catalogue
-
 from tests.runner.conftest import ROOT, RUNNER, enqueue, wait_for, wait_status
 
 pytestmark = pytest.mark.slow

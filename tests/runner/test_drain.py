@@ -1,13 +1,12 @@
 """Drain: on SIGTERM, and when the registry row's drain_requested_at is set (the panel's button)."""
 from __future__ import annotations
 
-import pytest
-
 import signal
 import uuid
 
-from scrinalia.domains.archive import ledger, registry
+import pytest
 
+from scrinalia.domains.archive import ledger, registry
 from tests.runner.conftest import enqueue, wait_for, wait_status
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,6 @@ import subprocess
 import pytest
 
 from runner.options import EXIT_USAGE, OptionsError, RunnerOptions
-
 from tests.runner.conftest import ROOT, RUNNER
 
 

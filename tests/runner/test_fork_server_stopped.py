@@ -11,7 +11,6 @@ import pytest
 from sqlalchemy import text
 
 from scrinalia.domains.archive import ledger
-
 from tests.runner.conftest import enqueue, pid_alive, wait_for, wait_status
 
 pytestmark = pytest.mark.slow
@@ -30,8 +29,8 @@ def test_a_stopped_fork_server_does_not_stop_the_loop(start_runner, engine):
     os.kill(server, signal.SIGSTOP)
     try:
         blocked = enqueue(engine, "ok")  # claimed: its spawn is not answered
-        row = wait_status(engine, blocked.run_id, "FAILED", timeout=20)
-        assert "did not answer a spawn request" in row.error, row.error
+        failed = wait_status(engine, blocked.run_id, "FAILED", timeout=20)
+        assert "did not answer a spawn request" in failed.error, failed.error
         beats = []
         until = time.monotonic() + 10  # 2.5 leases
         while time.monotonic() < until:

@@ -9,7 +9,6 @@ import pytest
 from sqlalchemy import text
 
 from scrinalia.domains.archive import ledger
-
 from tests.ledger.helpers import register_runner
 from tests.runner.conftest import enqueue, pid_alive, wait_for, wait_status
 

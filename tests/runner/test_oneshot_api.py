@@ -9,7 +9,6 @@ from runner.oneshot import parse_option, run_once
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.errors import WorkerRunAlreadyActive
 from scrinalia.domains.archive.workers.sdk import UnknownWorker
-
 from tests.runner.conftest import PLUGINS, ROOT
 
 
@@ -20,7 +19,7 @@ def _plugins(monkeypatch):
 
 
 def test_run_once_success_writes_a_cli_row_and_a_stopped_cli_runner(database_url, engine):
-    seen = []
+    seen: list[dict] = []
     row = run_once(database_url, "ok", {"options": {"units": 5}}, requested_by="alice",
                    lease_seconds=5, heartbeat_seconds=1, on_progress=seen.append)
     assert row.status == "SUCCESS", row
@@ -32,6 +31,7 @@ def test_run_once_success_writes_a_cli_row_and_a_stopped_cli_runner(database_url
     assert row.metrics["peak_rss_bytes"] > 0 and row.metrics["cpu_seconds"] >= 0
     assert row.metrics["start_method"] == "spawn"
     assert seen and seen[-1]["done"] == 5
+    assert row.runner_id is not None
     runner = registry.get_runner(engine, row.runner_id)
     assert runner.kind == "cli" and runner.state == "stopped" and runner.capabilities == ["ok"]
 

@@ -1,14 +1,13 @@
 """``scrinalia-runner run``: the one-shot CLI, its exit codes and its Ctrl-C."""
 from __future__ import annotations
 
-import pytest
-
 import json
 import signal
 import subprocess
 
-from scrinalia.domains.archive import ledger
+import pytest
 
+from scrinalia.domains.archive import ledger
 from tests.runner.conftest import ROOT, RUNNER, wait_for, wait_status
 
 pytestmark = pytest.mark.slow

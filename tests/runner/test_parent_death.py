@@ -1,15 +1,14 @@
 """The parent dies (SIGKILL) or freezes (SIGSTOP) while its children run."""
 from __future__ import annotations
 
-import pytest
-
 import os
 import signal
 import time
 import uuid
 
-from scrinalia.domains.archive import ledger, registry
+import pytest
 
+from scrinalia.domains.archive import ledger, registry
 from tests.runner.conftest import enqueue, pid_alive, wait_for, wait_status
 
 pytestmark = pytest.mark.slow

@@ -5,6 +5,7 @@ answering ``status`` meanwhile; when the network heals the runner claims again w
 run stays RUNNING. With short timings (1/4) and with the defaults (15/60: over a minute, slow)."""
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from sqlalchemy import Engine, text
 
 from runner.options import RunnerOptions
 from scrinalia.domains.archive import ledger
-
+from scrinalia.domains.archive.ledger import WorkerRun
 from tests.runner import netfault
 from tests.runner.conftest import enqueue, wait_for
 
@@ -28,6 +29,10 @@ DEFAULTS: tuple[str, ...] = ()
 def _status_of(observer: Engine, run_id: uuid.UUID) -> str | None:
     row = ledger.get_run(observer, run_id)
     return row.status if row else None
+
+
+def _is_closed(observer: Engine, run_id: uuid.UUID) -> bool:
+    return _status_of(observer, run_id) == "INTERRUPTED"
 
 
 def _running(observer: Engine) -> int:
@@ -97,14 +102,16 @@ def _partition(kind: str, timings: tuple[str, ...], lease: float, start_runner, 
             queued = enqueue(observer, "ok")
             time.sleep(0.5)
         healed = time.time()
-        claimed = wait_for(lambda: (r := ledger.get_run(observer, queued.run_id)).started_at is not None and r,
-                           timeout=30, interval=0.05, what="the first claim after the partition healed")
+        def first_claim() -> WorkerRun | None:
+            row = ledger.get_run(observer, queued.run_id)
+            return row if row is not None and row.started_at is not None else None
+
+        claimed = wait_for(first_claim, timeout=30, interval=0.05, what="the first claim after the partition healed")
         claim_after = claimed.started_at.timestamp() - healed
         assert claim_after < 10, f"first claim {claim_after:.1f}s after the partition healed"
         wait_for(lambda: _status_of(observer, queued.run_id) == "SUCCESS", 30, what="the new run to succeed")
         for run_id in pids:
-            wait_for(lambda run_id=run_id: _status_of(observer, run_id) == "INTERRUPTED", lease + 30,
-                     what=f"run {run_id} to be closed")
+            wait_for(functools.partial(_is_closed, observer, run_id), lease + 30, what=f"run {run_id} to be closed")
         assert _running(observer) == 0
         assert "self-fence" in runner.log()
         return {"fenced_after": fenced_after, "claim_after": claim_after}

@@ -1,14 +1,13 @@
 """sd_notify: READY, WATCHDOG and STOPPING reach $NOTIFY_SOCKET (as under systemd Type=notify)."""
 from __future__ import annotations
 
-import pytest
-
 import os
 import signal
 import socket
 
-from runner.sdnotify import Notifier
+import pytest
 
+from runner.sdnotify import Notifier
 from tests.runner.conftest import wait_for
 
 pytestmark = pytest.mark.slow

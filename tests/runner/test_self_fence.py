@@ -7,7 +7,6 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from scrinalia.domains.archive import ledger
-
 from tests.runner.conftest import enqueue, pid_alive, wait_for, wait_status
 
 pytestmark = pytest.mark.slow

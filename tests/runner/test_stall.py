@@ -57,7 +57,9 @@ def test_the_stall_rule():
     assert watch.check(22, cpu_seconds=2.51) is Action.DUMP_STACK  # no CPU work in the probe window
     assert watch.silent_seconds_at_dump == 10
     watch.heard(22.5)  # a late message does not undo a stall being handled
-    assert watch.check(watch.due_at(), cpu_seconds=2.6) is Action.TERMINATE
+    due = watch.due_at()
+    assert due is not None
+    assert watch.check(due, cpu_seconds=2.6) is Action.TERMINATE
     assert StallWatch(timeout=0, last_sign=0).due_at() is None  # 0: never
     tail = "noise\nThread 0x00007f (most recent call first):\n  File \"w.py\", line 3 in run_stall\n"
     assert stack_in(tail).startswith("Thread 0x00007f")

@@ -1,13 +1,12 @@
 """What the runner checks before it claims anything: flags, the schema, the control socket."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
-import sys
 
 from sqlalchemy import create_engine, text
 
 from runner.options import EXIT_ALREADY_RUNNING, EXIT_SCHEMA_BEHIND, EXIT_USAGE
-
 from tests.runner.conftest import ROOT, RUNNER
 
 
@@ -55,11 +54,14 @@ def test_a_second_runner_on_the_same_socket_is_refused(start_runner, runner_env)
     assert first.status()["name"] == "same"
 
 
-def test_the_adr_entry_point_takes_the_same_flags(runner_env):
-    done = subprocess.run(
-        [sys.executable, "-m",
-         "scrinalia.domains.archive.workers.runner_daemon", "--name", "x", "--heartbeat", "5", "--lease", "4"],
-        cwd=ROOT, env=runner_env, capture_output=True, text=True, timeout=60,
-    )
+def test_make_dev_starts_its_runner_with_the_daemon_command(runner_env):
+    """One way to start a daemon: ``scrinalia dev`` runs ``scrinalia-runner daemon`` (``-m runner.cli``),
+    whose flags it passes as they are; the bridge module inside the domain package is gone."""
+    from scrinalia.cli.dev import runner_argv
+
+    assert importlib.util.find_spec("scrinalia.domains.archive.workers.runner_daemon") is None
+    argv = runner_argv("x", 1, extra=["--heartbeat", "5", "--lease", "4"])
+    assert argv[1:4] == ["-m", "runner.cli", "daemon"]
+    done = subprocess.run(argv, cwd=ROOT, env=runner_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == EXIT_USAGE
     assert "must exceed --heartbeat" in done.stderr

@@ -1,19 +1,17 @@
 """``scrinalia-runner status``, the supervisor that never imports torch, and secrets kept out of sight."""
 from __future__ import annotations
 
-import pytest
-
 import json
 import subprocess
 import uuid
 
+import pytest
 from sqlalchemy.engine import make_url
 
 from runner import control
 from runner.procinfo import mapped_files
 from runner.status import STATUS_FIELDS
 from scrinalia.domains.archive import registry
-
 from tests.runner.conftest import ROOT, RUNNER, enqueue, wait_for, wait_status
 
 pytestmark = pytest.mark.slow

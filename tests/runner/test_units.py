@@ -24,7 +24,7 @@ def test_frames_survive_being_split_and_batched():
     a.sendall(data[:7])
     assert reader.read() == []
     a.sendall(data[7:])
-    got = []
+    got: list = []
     while len(got) < 2:
         got += reader.read()
     assert got == [("progress", {"done": 1}), ("result", {"status": "SUCCESS", "x": "y" * 100_000})]

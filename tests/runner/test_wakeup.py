@@ -50,7 +50,7 @@ def test_a_queued_run_is_claimed_on_its_notification_and_progress_is_written_wit
              what="progress moving in the row")
     ledger.request_cancel(engine, run.run_id, "test")
     wait_status(engine, run.run_id, "CANCELLED", timeout=30)
-    assert "run %s" % run.run_id in runner.log()
+    assert f"run {run.run_id}" in runner.log()
 
 
 def test_the_listen_connection_comes_back_and_claims_again(start_runner, engine):

@@ -106,6 +106,81 @@ def run_committer(ctx: RunContext) -> dict[str, Any]:
     return {"processed": ctx.done}
 
 
+#: The table the ``stamper`` workers stamp (created by a test with ``STAMPER_TABLE_SQL``): one row per unit,
+#: keyed by the worker that owns it; a stamp is idempotent like the archive's (``done_by IS NULL``).
+STAMPER_TABLE_SQL = """
+CREATE TABLE IF NOT EXISTS fence_units (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    worker text NOT NULL,
+    done_by uuid,
+    done_batch int,
+    done_count int NOT NULL DEFAULT 0,
+    done_xact_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS ix_fence_units_pending ON fence_units (worker, id) WHERE done_by IS NULL;
+"""
+
+
+def run_stamper(ctx: RunContext) -> dict[str, Any]:
+    """Stamps its worker's pending ``fence_units`` rows, one fenced ``RunContext.commit`` per batch.
+
+    Options: ``pause`` (seconds before each commit), ``hold_at`` (a batch number) with ``hold`` (seconds
+    to sleep INSIDE that batch's transaction) or ``until`` (a file: wait inside the transaction until it
+    exists); at the hold it prints ``in-commit <batch>``. ``units``: at most that many units per run.
+    """
+    from sqlalchemy import bindparam, text
+    from sqlalchemy.dialects.postgresql import ARRAY
+    from sqlalchemy.types import BigInteger
+
+    worker = ctx.run.worker_name
+    limit = [int(_opt(ctx, "units", 1_000_000))]
+    pause = float(_opt(ctx, "pause", 0.0))
+    hold_at, hold, until = int(_opt(ctx, "hold_at", 0)), float(_opt(ctx, "hold", 0.0)), _opt(ctx, "until", None)
+    fetch_sql = text("SELECT id FROM fence_units WHERE worker = :w AND done_by IS NULL ORDER BY id LIMIT :n")
+    stamp_sql = text(
+        "UPDATE fence_units SET done_by = :run, done_batch = :batch, done_count = done_count + 1, "
+        "done_xact_at = now() WHERE id = ANY(:ids) AND done_by IS NULL"
+    ).bindparams(bindparam("ids", type_=ARRAY(BigInteger)))
+    ctx.total = min(limit[0], ctx.total or limit[0])
+
+    def fetch(conn, size):
+        take = min(size, limit[0])
+        if take <= 0:
+            return []
+        return [r.id for r in conn.execute(fetch_sql, {"w": worker, "n": take})]
+
+    for batch in ctx.batches(fetch):
+        if pause:
+            time.sleep(pause)
+        number = ctx.batch_index
+
+        def write(conn, number=number, batch=batch):
+            written = conn.execute(stamp_sql, {"run": str(ctx.run_id), "batch": number, "ids": batch}).rowcount
+            if number == hold_at:
+                print(f"in-commit {number}", flush=True)
+                if until:
+                    while not os.path.exists(until):
+                        time.sleep(0.05)
+                else:
+                    time.sleep(hold)
+            return written
+
+        written = ctx.commit(write)
+        limit[0] -= len(batch)
+        ctx.tally(len(batch), stamped=written)
+    return dict(ctx.result)
+
+
+def run_session_settings(ctx: RunContext) -> dict[str, Any]:
+    """Reports the bounds its own database session runs under (decision 0101, 0102)."""
+    from sqlalchemy import text
+
+    names = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout",
+             "tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count", "tcp_user_timeout")
+    with ctx.engine.connect() as conn:
+        return {n: conn.execute(text(f"SHOW {n}")).scalar_one() for n in names}
+
+
 def run_noop(ctx: RunContext) -> dict[str, Any]:
     return {"noop": True}
 
@@ -202,7 +277,9 @@ ALL = [
     _spec("memory-hog", run_memory_hog),
     _spec("stubborn", run_sigterm_ignorer),
     _spec("noop", run_noop),
+    _spec("session-settings", run_session_settings),
     _spec("committer", run_committer),
+    *[_spec(f"stamper-{c}", run_stamper, batch=2) for c in "abcdefgh"],
     *[_spec(f"sleepy-{i:02d}", run_slow) for i in range(16)],
     *[_spec(f"gpu-{c}", run_device_report) for c in "abc"],
     _spec("cpu-only", run_device_report, gpu=False),
@@ -215,7 +292,7 @@ ALL = [
 
 def run_sessions(ctx: RunContext) -> dict[str, Any]:
     """Touches no database: reports how many sessions its engine opened (the resolver's read included)."""
-    pool = ctx.engine.pool
+    pool: Any = ctx.engine.pool  # a QueuePool: counts its connections
     return {"sessions": pool.checkedin() + pool.checkedout(), "options": dict(ctx.options)}
 
 

@@ -29,7 +29,7 @@ def create_schedule(engine, worker, every, request=None, **kw):
     return schedules_module.create_schedule(engine, worker, every, request, catalogue=CATALOGUE, **kw)
 
 
-def Scheduler(engine):  # noqa: N802 - the class, with this module's catalogue
+def Scheduler(engine):  # the class, with this module's catalogue
     return _Scheduler(engine, CATALOGUE)
 
 
@@ -169,7 +169,8 @@ def test_the_scheduler_cli_adds_lists_and_disables(database_url, monkeypatch):
     get_settings.cache_clear()
     runner = CliRunner()
     try:
-        added = runner.invoke(cli, ["scheduler", "add", "embedding", "--every", "3600", "--request", '{"db_batch_size": 4}'])
+        added = runner.invoke(cli, ["scheduler", "add", "embedding", "--every", "3600",
+                                    "--request", '{"db_batch_size": 4}'])
         assert added.exit_code == 0, added.output
         listed = runner.invoke(cli, ["scheduler", "list"])
         assert "embedding" in listed.output and "every 3600s" in listed.output and "enabled" in listed.output

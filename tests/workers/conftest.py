@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.workers import tiny_models  # noqa: E402
+from tests.workers import tiny_models
 
 
 @pytest.fixture(scope="session")

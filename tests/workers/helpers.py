@@ -14,13 +14,9 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from runner.oneshot import run_once
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.workers.sdk import LeaseLost, LocalChannel, RunCancelled, RunContext, WorkerSpec
-
-try:  # the runner issue's one-shot entry point
-    from runner.oneshot import run_once  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - depends on the runner's progress
-    run_once = None
 
 
 def insert_docs(engine: Engine, docs: list[dict[str, Any]]) -> list[int]:
@@ -48,7 +44,7 @@ def register_runner(engine: Engine, capabilities: list[str]) -> uuid.UUID:
 class HookChannel(LocalChannel):
     """Calls ``on_progress(progress, channel)`` on every progress report (after each committed batch)."""
 
-    def __init__(self, on_progress: Callable[[dict[str, Any], "HookChannel"], None] | None = None) -> None:
+    def __init__(self, on_progress: Callable[[dict[str, Any], HookChannel], None] | None = None) -> None:
         super().__init__()
         self.on_progress = on_progress
 
@@ -74,7 +70,9 @@ def run_in_process(engine: Engine, spec: WorkerSpec, request: dict[str, Any] | N
     except RunCancelled:
         status, result = "CANCELLED", dict(ctx.result)
     except LeaseLost:
-        return "LEASE_LOST", dict(ctx.result), ledger.get_run(engine, run.run_id)
+        lost = ledger.get_run(engine, run.run_id)
+        assert lost is not None
+        return "LEASE_LOST", dict(ctx.result), lost
     final = ledger.finish(engine, run.run_id, runner_id, status, result=result,
                           exit_reason="cancelled" if status == "CANCELLED" else None)
     assert final is not None
@@ -84,7 +82,6 @@ def run_in_process(engine: Engine, spec: WorkerSpec, request: dict[str, Any] | N
 def run_worker(database_url: str, engine: Engine, spec: WorkerSpec, request: dict[str, Any] | None = None
                ) -> tuple[str, dict[str, Any], ledger.WorkerRun]:
     """Through a real runner child: ``runner.oneshot.run_once``, the daemon's child entry point."""
-    assert run_once is not None, "runner.oneshot is not installed"
     run = run_once(database_url, spec.name, request or {}, requested_by="tests")
     assert run.trigger == "CLI" and run.metrics and "start_method" in run.metrics, run  # a real child ran it
     return run.status, dict(run.result or {}), run
@@ -104,4 +101,4 @@ def scalar(engine: Engine, sql: str, **params: Any) -> Any:
 
 def rows(engine: Engine, sql: str, **params: Any) -> list[Any]:
     with engine.connect() as conn:
-        return conn.execute(text(sql), params).all()
+        return list(conn.execute(text(sql), params).all())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -34,7 +35,7 @@ def _archive(engine):
 
 
 def _request(name, ner_model_dir, nli_model_dir):
-    request = {"db_batch_size": BATCH}
+    request: dict[str, Any] = {"db_batch_size": BATCH}
     if name == "embedding":
         request["preset"] = "cpu"
     if name == "ner":
@@ -78,7 +79,7 @@ def test_a_cancelled_run_through_the_runner_ends_cancelled_with_its_batches_comm
     insert_docs(engine, [{"reference_code": f"E{i}", "title": f"Letters of the bishop, number {i}"}
                          for i in range(400)])
     asked = threading.Event()
-    started = {}
+    started: dict[str, Any] = {}
 
     def on_progress(progress):
         if progress.get("done", 0) > 0 and not asked.is_set():
@@ -159,7 +160,8 @@ def test_every_document_worker_cancelled_through_a_real_child(database_url, engi
         conn.execute(text("INSERT INTO archive_cleaning_rules (name, kind, field, pattern, replacement) "
                           "VALUES ('spaces', 'REWRITE', 'title', '\\s{2,}', ' ')"))
     spec = load_catalogue()[name]
-    started, asked = {}, threading.Event()
+    started: dict[str, Any] = {}
+    asked = threading.Event()
 
     def on_progress(progress):
         if progress.get("done", 0) > 0 and not asked.is_set():

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def _cos(a, b):
-    return sum(x * y for x, y in zip(a, b))
+    return sum(x * y for x, y in zip(a, b, strict=True))
 
 
 def test_embedding_with_the_real_minilm_and_its_stamps(database_url, engine):

@@ -13,8 +13,8 @@ from scrinalia.domains.archive.workers import embedding, gpu_probe, ner, quality
 from scrinalia.domains.archive.workers.catalogue import BUILTIN
 from scrinalia.domains.archive.workers.plugins import load_catalogue
 from scrinalia.domains.archive.workers.sdk import (
-    MissingOption,
     InvalidOption,
+    MissingOption,
     OptionSpec,
     RefusedOption,
     UnknownEngine,
@@ -164,7 +164,7 @@ def test_quality_engine_comes_from_the_active_llm_check_rule_at_resolve_time(eng
     assert caught.value.field == "llm_check_rule.engine_name"
 
 
-def test_describe_config_loads_no_model_and_imports_no_torch():
+def test_resolving_describes_the_engine_without_loading_a_model_or_importing_torch():
     code = (
         "import sys, json\n"
         "import scrinalia.domains.archive.workers.catalogue\n"
@@ -172,7 +172,7 @@ def test_describe_config_loads_no_model_and_imports_no_torch():
         "c = load_catalogue()\n"
         "for s in c.values():\n"
         "    s.resolve(None, {'engine_options': {'model': '/nowhere'}} if s.name in ('ner', 'typology') else {})\n"
-        "d = c['embedding'].describe_config('transformers', 'cuda')\n"
+        "d = c['embedding'].resolve(None, {'engine_name': 'transformers', 'preset': 'cuda'}).config\n"
         "print(json.dumps({'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules, 'd': d}))\n"
     )
     out = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)

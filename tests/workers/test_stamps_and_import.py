@@ -56,7 +56,8 @@ def test_the_cleaning_queue_reads_two_indexes_whether_nothing_or_everything_is_p
         conn.execute(text("INSERT INTO archive_cleaning_rules (name, kind, field, pattern, replacement) "
                           "VALUES ('spaces', 'REWRITE', 'title', '\\s{2,}', ' ')"))
         conn.execute(text(f"UPDATE archive_documents AS d SET cleaning_ruleset = archive_cleaning_ruleset(), "
-                          f"cleaning_text_stamp = {CLEANING_TEXT_STAMP_SQL.format(a='d')} WHERE status <> 'HUMAN_APPROVED'"))
+                          f"cleaning_text_stamp = {CLEANING_TEXT_STAMP_SQL.format(a='d')} "
+                          "WHERE status <> 'HUMAN_APPROVED'"))
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE archive_documents"))  # the visibility map, as autovacuum keeps it
     for state, pending in (("nothing pending", 0), ("a rule changed", 4500)):
@@ -112,7 +113,8 @@ def test_import_jsonl_and_csv(engine, tmp_path):
     csv_file = _write(tmp_path, "b.csv", 'reference_code,title,scope_and_content\nC1,"A, quoted title","multi\nline"\n'
                                          "C2,Second,\n")
     assert import_file(engine, csv_file).inserted == 2
-    assert scalar(engine, "SELECT scope_and_content FROM archive_documents WHERE reference_code = 'C1'") == "multi\nline"
+    c1 = "SELECT scope_and_content FROM archive_documents WHERE reference_code = 'C1'"
+    assert scalar(engine, c1) == "multi\nline"
     assert import_file(engine, jsonl, on_conflict="skip").skipped == 2
     with pytest.raises(ImportFailed) as caught:
         import_file(engine, jsonl)

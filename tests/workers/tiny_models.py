@@ -26,7 +26,7 @@ FILLER = ["de", "the", "letters", "of", "to", "and", "carta", "a", "from", "in",
 
 
 def _tokenizer(vocab_words):
-    from transformers import BertTokenizerFast
+    from transformers import BertTokenizerFast  # type: ignore[attr-defined]  # exported lazily
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL + list(dict.fromkeys(vocab_words)))}
     return BertTokenizerFast(vocab=vocab, do_lower_case=True, model_max_length=512), vocab
@@ -41,7 +41,7 @@ def make_ner_model(directory: Path) -> Path:
     config = BertConfig(
         vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=0, num_attention_heads=1,
         intermediate_size=4, max_position_embeddings=512, type_vocab_size=1,
-        id2label=dict(enumerate(NER_LABELS)), label2id={l: i for i, l in enumerate(NER_LABELS)},
+        id2label=dict(enumerate(NER_LABELS)), label2id={label: i for i, label in enumerate(NER_LABELS)},
     )
     model = BertForTokenClassification(config)
     with torch.no_grad():
@@ -84,7 +84,7 @@ def make_nli_model(directory: Path) -> Path:
     config = BertConfig(
         vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=1, num_attention_heads=1,
         intermediate_size=4, max_position_embeddings=512, type_vocab_size=2,
-        id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
+        id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)},
     )
     model = BertForSequenceClassification(config)
     with torch.no_grad():

@@ -39,7 +39,8 @@ def locked(seconds: int) -> ApiError:
 
 def _user_out(user) -> dict[str, Any]:
     data = user.to_json()
-    return {k: data[k] for k in ("id", "email", "role", "is_active", "must_change_password", "last_login_at", "created_at")}
+    keys = ("id", "email", "role", "is_active", "must_change_password", "last_login_at", "created_at")
+    return {k: data[k] for k in keys}
 
 
 def _session_out(user, csrf_token: str, expires_at, token: str | None = None) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
@@ -52,7 +52,7 @@ async def events(request: Request, principal: Principal = Depends(system_guard))
     hub = context.events
     expires_at = principal.session.expires_at
     lifetime = context.api.events_stream_seconds
-    seconds_left = (expires_at - datetime.now(timezone.utc)).total_seconds() if expires_at else lifetime
+    seconds_left = (expires_at - datetime.now(UTC)).total_seconds() if expires_at else lifetime
     ends_at = time.monotonic() + max(0.0, min(lifetime, seconds_left))
 
     async def stream() -> AsyncIterator[str]:
@@ -67,7 +67,7 @@ async def events(request: Request, principal: Principal = Depends(system_guard))
                     return
                 try:
                     event = await asyncio.wait_for(sub.queue.get(), min(KEEPALIVE_SECONDS, left))
-                except (TimeoutError, asyncio.TimeoutError):
+                except TimeoutError:
                     yield ": keep-alive\n\n"
                     continue
                 if event is CLOSED:

@@ -10,8 +10,8 @@ import logging
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials
 
 from scrinalia import __version__
 from scrinalia.api import views
@@ -29,7 +29,7 @@ def health(request: Request) -> JSONResponse:
     version = __version__
     try:
         _, revision = views.db_clock(ctx(request).engine)
-    except Exception as exc:  # noqa: BLE001 - the class only: a driver message may name the host
+    except Exception as exc:  # the class only: a driver message may name the host
         log.warning("healthz: database unreachable (%s)", type(exc).__name__)
         body = {"status": "degraded", "database": "unreachable", "schema": "unknown", "version": version}
         return JSONResponse(body, status_code=503)
@@ -40,7 +40,7 @@ def health(request: Request) -> JSONResponse:
     else:
         try:
             schema = "behind" if revision in migrate.known_revisions() else "ahead_or_unknown"
-        except Exception:  # noqa: BLE001 - the migrations cannot be read: the database's revision is unknown
+        except Exception:  # the migrations cannot be read: the database's revision is unknown
             schema = "ahead_or_unknown"
     status = "ok" if schema == "current" else "degraded"
     body = {"status": status, "database": "ok", "schema": schema, "version": version}

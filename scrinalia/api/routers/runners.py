@@ -40,7 +40,8 @@ def drain_runner(runner_id: uuid.UUID, request: Request, principal: Principal = 
             raise not_found(f"runner {runner_id}")
         raise ApiError(409, "runner_stopped", f"runner {runner_id} has stopped")
     log.info("drain requested of runner %s (user %s)", runner_id, principal.user.id)
-    row = next((r for r in views.runners_view(engine, stopped_within_hours=0) if r["runner_id"] == str(runner_id)), None)
+    rows = views.runners_view(engine, stopped_within_hours=0)
+    row = next((r for r in rows if r["runner_id"] == str(runner_id)), None)
     return JSONResponse(row, status_code=202)
 
 

@@ -12,7 +12,15 @@ from scrinalia.api import views
 from scrinalia.api.context import ctx
 from scrinalia.api.errors import ApiError, field_errors, not_found
 from scrinalia.api.schemas import (
-    SYSTEM_ERRORS, CancelOut, ErrorOut, RunConflictOut, RunDetailOut, RunOut, RunPageOut, RunStatus, RunTrigger,
+    SYSTEM_ERRORS,
+    CancelOut,
+    ErrorOut,
+    RunConflictOut,
+    RunDetailOut,
+    RunOut,
+    RunPageOut,
+    RunStatus,
+    RunTrigger,
 )
 from scrinalia.api.security import Principal, system_guard
 from scrinalia.domains.archive import ledger

@@ -28,7 +28,8 @@ def _out(schedule: schedules.Schedule) -> dict[str, Any]:
     return out
 
 
-@router.get("", response_model=SchedulesOut, responses=_ERR, summary="Every schedule, with its next tick and last outcome")
+@router.get("", response_model=SchedulesOut, responses=_ERR,
+            summary="Every schedule, with its next tick and last outcome")
 def list_schedules(request: Request) -> dict[str, Any]:
     return {"schedules": [_out(s) for s in schedules.list_schedules(ctx(request).engine)]}
 

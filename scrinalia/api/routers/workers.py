@@ -11,14 +11,26 @@ from scrinalia.api import catalogue_view, views
 from scrinalia.api.context import ctx
 from scrinalia.api.errors import ApiError, field_errors, not_found
 from scrinalia.api.schemas import (
-    SYSTEM_ERRORS, ErrorOut, RevisionsOut, RunConflictOut, RunOut, RunRequestIn, SettingsIn, SettingsOut, WorkerOut,
+    SYSTEM_ERRORS,
+    ErrorOut,
+    RevisionsOut,
+    RunConflictOut,
+    RunOut,
+    RunRequestIn,
+    SettingsIn,
+    SettingsOut,
+    WorkerOut,
     WorkersOut,
 )
 from scrinalia.api.security import Principal, system_guard
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.errors import InvalidRunRequest, WorkerRunAlreadyActive
 from scrinalia.domains.archive.worker_settings import (
-    SettingsRevisionConflict, delete_settings, get_settings, list_revisions, put_settings,
+    SettingsRevisionConflict,
+    delete_settings,
+    get_settings,
+    list_revisions,
+    put_settings,
 )
 from scrinalia.domains.archive.workers.sdk import WorkerSpec
 
@@ -49,7 +61,8 @@ def _settings_out(name: str, spec: WorkerSpec, engine, persisted: dict[str, Any]
     }
 
 
-@router.get("", response_model=WorkersOut, summary="Every worker: settings, counts, active and last run, runners, queued reason")
+@router.get("", response_model=WorkersOut,
+            summary="Every worker: settings, counts, active and last run, runners, queued reason")
 def list_workers(request: Request) -> dict[str, Any]:
     c = ctx(request)
     return views.workers_view(c.engine, c.catalogue, counts_cache=c.counts)
@@ -66,7 +79,8 @@ def get_worker(request: Request, name: str = WorkerName) -> dict[str, Any]:
     "/{name}/runs",
     status_code=201,
     response_model=RunOut,
-    responses={**_ERR, 409: {"model": RunConflictOut, "description": "The worker's slot is taken; active_run holds it"}},
+    responses={**_ERR,
+               409: {"model": RunConflictOut, "description": "The worker's slot is taken; active_run holds it"}},
     summary="Enqueue a run (OPERATE): validated, written QUEUED through the ledger",
 )
 def enqueue_run(request: Request, body: RunRequestIn | None = None, name: str = WorkerName,

@@ -23,7 +23,7 @@ class InvalidRunRequest(LedgerError, ValueError):
 class WorkerRunAlreadyActive(LedgerError):
     """The worker's slot is taken (uq_worker_run_active); ``active`` is the run that holds it."""
 
-    def __init__(self, worker_name: str, active: "WorkerRun | None") -> None:
+    def __init__(self, worker_name: str, active: WorkerRun | None) -> None:
         who = f" by run {active.run_id} ({active.status})" if active else ""
         super().__init__(f"worker {worker_name!r} already has an active run{who}")
         self.worker_name = worker_name
@@ -39,6 +39,6 @@ class RunNotFound(LedgerError, LookupError):
 class RunAlreadyFinished(LedgerError):
     """A cancel (or another request) reached a run that is already terminal."""
 
-    def __init__(self, run: "WorkerRun") -> None:
+    def __init__(self, run: WorkerRun) -> None:
         super().__init__(f"run {run.run_id} has already ended {run.status}")
         self.run = run

@@ -11,12 +11,12 @@ import io
 import json
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from scrinalia.db.tables import DOCUMENT_STATUSES
 
@@ -55,7 +55,6 @@ class ImportReport:
     inserted: int = 0
     updated: int = 0
     skipped: int = 0
-    skipped_codes: list[str] = field(default_factory=list)
 
 
 def parse_date(value: Any, *, end: bool) -> date | None:
@@ -84,6 +83,17 @@ def validate_record(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
     if unknown:
         problems.append(f"unknown field(s): {', '.join(unknown)} (expected some of {', '.join(FIELDS)})")
     clean: dict[str, Any] = {}
+    _clean_texts(raw, clean, problems)
+    _clean_dates(raw, clean, problems)
+    status = raw.get("status") or "DRAFT"
+    if status not in DOCUMENT_STATUSES:
+        problems.append(f"status: must be one of {', '.join(DOCUMENT_STATUSES)}, got {status!r}")
+    clean["status"] = status
+    return (None, problems) if problems else (clean, [])
+
+
+def _clean_texts(raw: dict[str, Any], clean: dict[str, Any], problems: list[str]) -> None:
+    """The text fields, stripped (a number is read as text; empty is NULL); the required ones present."""
     for name in TEXT_FIELDS:
         value = raw.get(name)
         if value is None or value == "":
@@ -92,11 +102,13 @@ def validate_record(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
             clean[name] = str(value).strip()
         else:
             problems.append(f"{name}: must be text, got {type(value).__name__}")
-    for name in REQUIRED:
-        if not clean.get(name):
-            problems.append(f"{name}: is required")
+    problems += [f"{name}: is required" for name in REQUIRED if not clean.get(name)]
     if clean.get("reference_code") and len(clean["reference_code"]) > 200:
         problems.append("reference_code: is longer than 200 characters")
+
+
+def _clean_dates(raw: dict[str, Any], clean: dict[str, Any], problems: list[str]) -> None:
+    """The date fields, widened (``parse_date``), and in order."""
     for name in DATE_FIELDS:
         try:
             clean[name] = parse_date(raw.get(name), end=name == "date_end")
@@ -104,11 +116,6 @@ def validate_record(raw: Any) -> tuple[dict[str, Any] | None, list[str]]:
             problems.append(f"{name}: {raw.get(name)!r} is not a date (YYYY-MM-DD, YYYY-MM or YYYY)")
     if clean.get("date_start") and clean.get("date_end") and clean["date_end"] < clean["date_start"]:
         problems.append(f"date_end: {clean['date_end']} is before date_start {clean['date_start']}")
-    status = raw.get("status") or "DRAFT"
-    if status not in DOCUMENT_STATUSES:
-        problems.append(f"status: must be one of {', '.join(DOCUMENT_STATUSES)}, got {status!r}")
-    clean["status"] = status
-    return (None, problems) if problems else (clean, [])
 
 
 def read_jsonl(stream: Iterable[str]) -> Iterator[tuple[int, Any, str | None]]:
@@ -131,13 +138,27 @@ def read_csv(stream: io.TextIOBase) -> Iterator[tuple[int, Any, str | None]]:
         return
     start = reader.line_num + 1
     for row in reader:
-        if None in row:
-            yield start, None, f"{len(reader.fieldnames) + len(row[None])} values for {len(reader.fieldnames)} columns"
-        elif any(v is None for v in row.values()):
-            yield start, None, f"fewer values than the {len(reader.fieldnames)} columns"
-        elif any((v or "").strip() for v in row.values()):
-            yield start, {k: v for k, v in row.items() if v != ""}, None
+        problem = _row_shape(row, len(reader.fieldnames))
+        record = None if problem else _filled(row)
+        if problem or record:  # a blank line is no record
+            yield start, record, problem
         start = reader.line_num + 1
+
+
+def _filled(row: dict[str, str]) -> dict[str, str] | None:
+    """The row's non-empty values; None for a row of blanks."""
+    if not any((v or "").strip() for v in row.values()):
+        return None
+    return {k: v for k, v in row.items() if v != ""}
+
+
+def _row_shape(row: dict[Any, Any], columns: int) -> str | None:
+    """Why a CSV row does not fit the header (``csv`` keeps extra values under None, missing ones as None)."""
+    if None in row:
+        return f"{columns + len(row[None])} values for {columns} columns"
+    if any(v is None for v in row.values()):
+        return f"fewer values than the {columns} columns"
+    return None
 
 
 def detect_format(path: Path, explicit: str | None = None) -> str:
@@ -208,19 +229,25 @@ def import_records(engine: Engine, records: Iterable[tuple[int, Any, str | None]
                           for line, c in good if c["reference_code"] in existing)
         if errors:
             raise ImportFailed(sorted(errors, key=lambda e: e.line))
-        new = [c for _, c in good if c["reference_code"] not in existing]
-        old = [c for _, c in good if c["reference_code"] in existing]
-        if new:
-            report.inserted = conn.execute(_INSERT, {"rows": json.dumps(new, default=str)}).rowcount
-        if old and on_conflict == "update":
-            report.updated = conn.execute(_UPDATE, {"rows": json.dumps(old, default=str)}).rowcount
-        elif old:
-            report.skipped = len(old)
-            report.skipped_codes = [c["reference_code"] for c in old]
+        _write(conn, [c for _, c in good], existing, on_conflict, report)
     return report
 
 
-def import_file(engine: Engine, path: Path | str, *, fmt: str | None = None, on_conflict: str = "error") -> ImportReport:
+def _write(conn: Connection, records: list[dict[str, Any]], existing: set[str], on_conflict: str,
+           report: ImportReport) -> None:
+    """Insert the new records; update the known ones (``on_conflict="update"``) or skip them."""
+    new = [c for c in records if c["reference_code"] not in existing]
+    old = [c for c in records if c["reference_code"] in existing]
+    if new:
+        report.inserted = conn.execute(_INSERT, {"rows": json.dumps(new, default=str)}).rowcount
+    if old and on_conflict == "update":
+        report.updated = conn.execute(_UPDATE, {"rows": json.dumps(old, default=str)}).rowcount
+    elif old:
+        report.skipped = len(old)
+
+
+def import_file(engine: Engine, path: Path | str, *, fmt: str | None = None,
+                on_conflict: str = "error") -> ImportReport:
     path = Path(path)
     kind = detect_format(path, fmt)
     with path.open(encoding="utf-8-sig", newline="") as fh:

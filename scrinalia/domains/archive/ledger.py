@@ -3,7 +3,7 @@
 Each function runs exactly one statement in its own transaction (sent in autocommit through
 ``one_statement``: one round trip, no BEGIN/COMMIT pair around it), takes every timestamp from the
 database's ``now()`` (the API host and the GPU host have different clocks), and carries the fence of
-DESIGN.md's protocol table:
+the protocol table (docs/protocol.md):
 
     enqueue        INSERT QUEUED                          fence: uq_worker_run_active -> WorkerRunAlreadyActive
     claim_next     UPDATE one QUEUED row -> RUNNING        fence: FOR UPDATE SKIP LOCKED
@@ -12,6 +12,7 @@ DESIGN.md's protocol table:
     finish         terminal status + exit fields           fence: runner_id = me AND status = RUNNING
     expire_leases  RUNNING past its lease -> INTERRUPTED   fence: the lease
     request_cancel QUEUED -> CANCELLED; RUNNING -> flag    fence: status
+    register_batch_fence  a worker's batch (inside its own transaction)  fence: checked again at COMMIT
 
 A fenced statement that touches no row means the caller lost that run: it must write nothing more.
 """
@@ -19,13 +20,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
 
 from psycopg.errors import UniqueViolation
-from sqlalchemy import Engine, bindparam, text
+from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.types import Text
@@ -82,7 +83,7 @@ class WorkerRun:
     result: dict[str, Any] | None
 
     @classmethod
-    def from_row(cls, row: Any) -> "WorkerRun":
+    def from_row(cls, row: Any) -> WorkerRun:
         m = row._mapping
         return cls(**{f.name: m[f.name] for f in fields(cls)})
 
@@ -387,8 +388,8 @@ def heartbeat(
     runner_id: uuid.UUID,
     lease_seconds: float,
     *,
-    progress: Mapping[uuid.UUID | str, Mapping[str, Any]] | None = None,
-    children: list[Mapping[str, Any]] | None = None,
+    progress: Mapping[Any, Mapping[str, Any]] | None = None,
+    children: Sequence[Mapping[str, Any]] | None = None,
 ) -> HeartbeatResult:
     """Renew the registry row and every RUNNING row of this runner in one statement.
 
@@ -486,16 +487,59 @@ _EXPIRE_LEASES = text(
            exit_reason = 'lease-lost',
            error = 'LeaseExpired: the runner stopped renewing its lease (last heartbeat '
                    || to_char(heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ')'
-     WHERE status = 'RUNNING' AND lease_expires_at < now()
+     WHERE id IN (
+            SELECT id FROM archive_worker_runs
+             WHERE status = 'RUNNING' AND lease_expires_at < now()
+               FOR UPDATE SKIP LOCKED)
+       AND status = 'RUNNING' AND lease_expires_at < now()
     RETURNING {RUN_COLUMNS}
     """
 )
 
 
 def expire_leases(engine: Engine) -> list[WorkerRun]:
-    """Mark every RUNNING row whose lease has passed INTERRUPTED, whoever held it."""
+    """Mark every RUNNING row whose lease has passed INTERRUPTED, whoever held it.
+
+    ``SKIP LOCKED``: a row another session has locked right now (a heartbeat, a finish, a batch's
+    commit-time fence check: each one short statement) is left to the next expiry instead of waited on,
+    so no stuck session can stall the expiry of everyone else's rows (decision 0100)."""
     with one_statement(engine) as conn:
         return [WorkerRun.from_row(r) for r in conn.execute(_EXPIRE_LEASES).all()]
+
+
+# --- the batch fence (decision 0100) ---------------------------------------------------------------
+
+#: The SQLSTATE the commit-time check (migration 0008) raises when a batch's run is not held any more.
+BATCH_FENCE_SQLSTATE = "SF001"
+
+# The one statement a worker's batch adds to its own transaction (RunContext.commit). The INSERT
+# registers the fence: the deferred constraint trigger of migration 0008 checks, at COMMIT and with
+# clock_timestamp(), that the run is RUNNING, held by this runner and inside its lease (taking the row
+# FOR SHARE only then, a bounded wait), deletes the row and lets the COMMIT through, or raises SF001 and
+# the whole batch is rolled back. The WHERE EXISTS refuses a batch whose lease is already gone before it
+# writes anything (no row inserted: rowcount 0), without locking anything.
+_REGISTER_BATCH_FENCE = text(
+    """
+    INSERT INTO archive_batch_fences (run_id, runner_id)
+    SELECT :run_id, :runner_id
+     WHERE EXISTS (SELECT 1 FROM archive_worker_runs
+                    WHERE run_id = :run_id AND runner_id = :runner_id AND status = 'RUNNING'
+                      AND lease_expires_at > clock_timestamp())
+    """
+).bindparams(bindparam("run_id", type_=UUID(as_uuid=True)), bindparam("runner_id", type_=UUID(as_uuid=True)))
+
+
+def register_batch_fence(conn: Connection, run_id: uuid.UUID, runner_id: uuid.UUID) -> bool:
+    """Fence the batch open on ``conn`` (a transaction, never autocommit): False when the lease is already
+    gone (nothing may be written); True means the lease is checked again when the transaction commits,
+    which then fails with SQLSTATE ``BATCH_FENCE_SQLSTATE`` if the lease has ended meanwhile."""
+    return conn.execute(_REGISTER_BATCH_FENCE, {"run_id": run_id, "runner_id": runner_id}).rowcount == 1
+
+
+def is_batch_fence_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` (a SQLAlchemy or psycopg error) is the commit-time fence refusing a batch."""
+    orig = getattr(exc, "orig", None) or exc
+    return getattr(orig, "sqlstate", None) == BATCH_FENCE_SQLSTATE
 
 
 # --- request_cancel ------------------------------------------------------------------------------
@@ -600,7 +644,7 @@ _RECORD_PROGRESS = text(
 
 
 def record_progress(
-    engine: Engine, runner_id: uuid.UUID, progress: Mapping[uuid.UUID | str, Mapping[str, Any]]
+    engine: Engine, runner_id: uuid.UUID, progress: Mapping[Any, Mapping[str, Any]]
 ) -> int:
     """Write the latest progress of this runner's children in one statement; returns the rows changed.
 

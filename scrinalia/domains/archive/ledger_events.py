@@ -28,6 +28,7 @@ from typing import Any
 
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq.abc import PGconn
 from sqlalchemy import Engine
 
 from scrinalia.domains.archive.ledger import LEDGER_CHANNEL, LISTEN_STATEMENT
@@ -102,7 +103,7 @@ class LedgerListener:
     def __init__(self, conninfo: str, *, name: str = "listener") -> None:
         self._conninfo = conninfo.encode()
         self.name = name
-        self._pg: pq.PGconn | None = None
+        self._pg: PGconn | None = None
         self.state = "down"  # down | resolving | connecting | subscribing | listening
         self._resolving: dict[str, Any] | None = None  # the helper thread's answer box
         self._poll = pq.PollingStatus.WRITING
@@ -216,7 +217,7 @@ class LedgerListener:
 
     def _connect_step(self, now: float) -> list[LedgerEvent]:
         assert self._pg is not None
-        self._poll = self._pg.connect_poll()
+        self._poll = pq.PollingStatus(self._pg.connect_poll())
         if self._poll == pq.PollingStatus.FAILED:
             raise ConnectionError(self._error_message())
         if self._poll == pq.PollingStatus.OK:
@@ -236,16 +237,7 @@ class LedgerListener:
         if self.state == "subscribing":
             if pg.is_busy():
                 return events
-            ok = False
-            while (result := pg.get_result()) is not None:
-                ok = ok or result.status == pq.ExecStatus.COMMAND_OK
-            if not ok:
-                raise ConnectionError(f"LISTEN {LEDGER_CHANNEL} failed: {self._error_message()}")
-            self.state = "listening"
-            self._retry_delay = RETRY_MIN_SECONDS
-            if self.reconnects or self.last_error:
-                log.info("%s: listening again on %s", self.name, LEDGER_CHANNEL)
-            self.last_error = None
+            self._subscribed(pg)
             events.append(RESYNC)
         self._more = False
         while (note := pg.notifies()) is not None:
@@ -258,6 +250,19 @@ class LedgerListener:
         if pg.status == pq.ConnStatus.BAD:
             raise ConnectionError(self._error_message())
         return events
+
+    def _subscribed(self, pg: PGconn) -> None:
+        """The LISTEN's answer has arrived: listening from now on (or the LISTEN failed)."""
+        ok = False
+        while (result := pg.get_result()) is not None:
+            ok = ok or result.status == pq.ExecStatus.COMMAND_OK
+        if not ok:
+            raise ConnectionError(f"LISTEN {LEDGER_CHANNEL} failed: {self._error_message()}")
+        self.state = "listening"
+        self._retry_delay = RETRY_MIN_SECONDS
+        if self.reconnects or self.last_error:
+            log.info("%s: listening again on %s", self.name, LEDGER_CHANNEL)
+        self.last_error = None
 
     def _fail(self, now: float, exc: BaseException) -> None:
         first = self.last_error is None

@@ -42,8 +42,8 @@ def _settings_rows(engine_or_conn: Engine | Connection, where: str = "", **param
     stmt = text(f"SELECT {_COLUMNS} FROM archive_worker_settings {where}")
     if isinstance(engine_or_conn, Engine):
         with one_statement(engine_or_conn) as conn:
-            return conn.execute(stmt, params).all()
-    return engine_or_conn.execute(stmt, params).all()
+            return list(conn.execute(stmt, params).all())
+    return list(engine_or_conn.execute(stmt, params).all())
 
 
 def get_settings(engine_or_conn: Engine | Connection, worker_name: str) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from argon2 import PasswordHasher
 from sqlalchemy import Engine, text
@@ -74,8 +75,21 @@ def authenticate(
         pruner.tick(engine, policy)
     if not claim.granted:
         raise AccountLocked(claim.locked_for or policy.base_seconds)
+    row = _verified_user(engine, clean, password, hasher, bucket)
+    if row is None:
+        if claim.locked_for is not None:  # this claim reached the threshold: say so now
+            raise AccountLocked(claim.locked_for)
+        raise InvalidCredentials()
+    _record_success(engine, bucket, row, password, hasher)
+    return Login(_user(row), via_device=device is not None)
+
+
+def _verified_user(engine: Engine, email: str, password: str, hasher: PasswordHasher | None,
+                   bucket: Bucket) -> Any | None:
+    """The user's row when the password is right and the account active, else None. A password check
+    is spent whether or not the account exists (the same answer, the same time)."""
     with engine.connect() as conn:
-        row = conn.execute(_FIND_FOR_LOGIN, {"email": clean}).one_or_none()
+        row = conn.execute(_FIND_FOR_LOGIN, {"email": email}).one_or_none()
     if row is None:
         burn_verify_time(password, hasher)
         ok = False
@@ -83,10 +97,11 @@ def authenticate(
         ok = verify_password(row.password_hash, password, hasher)
     # The evidence that the lockout bounds the checks: one line per password checked, never the e-mail.
     log.info("login: password checked (%s bucket)", bucket.scope)
-    if not ok or not row.is_active:
-        if claim.locked_for is not None:  # this claim reached the threshold: say so now
-            raise AccountLocked(claim.locked_for)
-        raise InvalidCredentials()
+    return row if ok and row is not None and row.is_active else None
+
+
+def _record_success(engine: Engine, bucket: Bucket, row: Any, password: str, hasher: PasswordHasher | None) -> None:
+    """Release the bucket, stamp the login, and rehash the password if its parameters are outdated."""
     with engine.begin() as conn:
         lockout.release(conn, bucket)
         conn.execute(_RECORD_SUCCESS, {"id": row.id})
@@ -95,7 +110,6 @@ def authenticate(
                 text("UPDATE auth_users SET password_hash = :h WHERE id = :id"),
                 {"h": hash_password(password, hasher), "id": row.id},
             )
-    return Login(_user(row), via_device=device is not None)
 
 
 def change_password(

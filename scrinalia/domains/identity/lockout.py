@@ -37,11 +37,11 @@ class Bucket:
     key_sha256: str
 
     @classmethod
-    def account(cls, normalized_email: str) -> "Bucket":
+    def account(cls, normalized_email: str) -> Bucket:
         return cls("account", hashlib.sha256(normalized_email.encode("utf-8")).hexdigest())
 
     @classmethod
-    def device(cls, device_token_sha256: str) -> "Bucket":
+    def device(cls, device_token_sha256: str) -> Bucket:
         return cls("device", device_token_sha256)
 
 

@@ -1,6 +1,6 @@
 """A per-process brake on login attempts per client address (a sliding window in memory).
 
-It is deliberately not shared between processes (ADR 0014, decision 7): with ``--workers N`` an address
+It is deliberately not shared between processes (decision 0032): with ``--workers N`` an address
 gets at most N x the limit, and the durable lockout (``lockout``, in ``auth_login_throttle``) is what
 protects an account.
 """

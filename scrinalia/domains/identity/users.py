@@ -111,21 +111,6 @@ def create_user(
     return _user(row)
 
 
-def get_user(engine: Engine, user_id: int) -> User | None:
-    with engine.connect() as conn:
-        row = conn.execute(text(f"SELECT {USER_COLUMNS} FROM auth_users WHERE id = :id"), {"id": user_id}).one_or_none()
-    return _user(row) if row else None
-
-
-def find_user(engine: Engine, email: str) -> User | None:
-    with engine.connect() as conn:
-        row = conn.execute(
-            text(f"SELECT {USER_COLUMNS} FROM auth_users WHERE lower(email) = lower(:email)"),
-            {"email": email.strip()},
-        ).one_or_none()
-    return _user(row) if row else None
-
-
 def list_users(engine: Engine) -> list[User]:
     with engine.connect() as conn:
         rows = conn.execute(text(f"SELECT {USER_COLUMNS} FROM auth_users ORDER BY lower(email)")).all()

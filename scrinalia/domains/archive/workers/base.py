@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from scrinalia.domains.archive.workers.cuda import is_sticky_cuda_error
-from scrinalia.domains.archive.workers.sdk import RunContext
+from scrinalia.domains.archive.workers.sdk import RunContext, retry_database
 from scrinalia.domains.archive.workers.stamps import ERROR, StampQueue, error_text
 
 #: (document id, stamp fetched with it, DONE | ERROR, error message or None): ``StampQueue.write_stamps``.
@@ -31,12 +31,12 @@ def pending_batches(ctx: RunContext, queue: StampQueue, columns: str,
 
     def fetch(conn: Connection, size: int) -> list[Any]:
         queue.prepare(conn, fetch=True)
-        rows = conn.execute(sql, {"after": state["after"], "limit": size, **(params or {})}).all()
+        rows = list(conn.execute(sql, {"after": state["after"], "limit": size, **(params or {})}).all())
         if rows:
             state["after"] = rows[-1].id
         return rows
 
-    ctx.total = queue.pending_count(ctx.engine)
+    ctx.total = retry_database("the pending count", lambda: queue.pending_count(ctx.engine), ctx.lease_seconds)
     ctx.result.setdefault("pending_at_start", ctx.total)
     ctx.report_progress(0, ctx.total)
     yield from ctx.batches(fetch)
@@ -52,6 +52,11 @@ def commit_batch(ctx: RunContext, queue: StampQueue, units: int, stamps: Sequenc
     """
     written = ctx.commit(lambda conn: write(conn, queue.write_stamps(conn, ctx.run_id, stamps)))
     ctx.tally(units, **written, **counters, errors=sum(1 for s in stamps if s[2] == ERROR))
+
+
+def columns(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
+    """The columns of ``rows`` (each of ``width`` values): the arrays an ``unnest`` statement takes."""
+    return [[row[i] for row in rows] for i in range(width)]
 
 
 class SystematicFailure(RuntimeError):
@@ -70,14 +75,14 @@ def per_unit(items: Sequence[T], batch_fn: Callable[[list[T]], list[R]]) -> list
         if len(results) != len(items):
             raise RuntimeError(f"engine returned {len(results)} results for {len(items)} inputs")
         return [(r, None) for r in results]
-    except Exception as batch_exc:  # noqa: BLE001 - retried unit by unit below
+    except Exception as batch_exc:  # retried unit by unit below
         if is_sticky_cuda_error(batch_exc):
             raise
         out: list[tuple[R | None, str | None]] = []
         for item in items:
             try:
                 out.append((batch_fn([item])[0], None))
-            except Exception as exc:  # noqa: BLE001 - stamped ERROR with its message
+            except Exception as exc:  # stamped ERROR with its message
                 out.append((None, error_text(exc)))
         if len(items) > 1 and all(err is not None for _, err in out):
             raise SystematicFailure(f"every unit of the batch failed: {error_text(batch_exc)}") from batch_exc

@@ -11,7 +11,3 @@ from scrinalia.domains.archive.workers.quality import SPEC as QUALITY_VALIDATOR
 from scrinalia.domains.archive.workers.typology import SPEC as TYPOLOGY
 
 BUILTIN = (EMBEDDING, NER, TYPOLOGY, QUALITY_VALIDATOR, CLEANING, GPU_PROBE)
-
-
-def builtin_workers():
-    return list(BUILTIN)

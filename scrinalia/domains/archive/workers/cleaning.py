@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -29,12 +30,13 @@ from scrinalia.domains.archive.workers.stamps import (
     ACTIVE_REWRITE_RULES_SQL,
     CLEANABLE_FIELDS,
     CLEANING_TEXT_STAMP_SQL,
+    PENDING_CLEANING_TEXT_SQL,
     StampQueue,
     error_text,
     rule_signature_sql,
 )
 
-QUEUE = StampQueue(key="cleaning", stamp_sql=None, governed=True, per_rule=True)
+QUEUE = StampQueue(key="cleaning", stamp_sql=None, governed=True, per_rule=True, pending_sql=PENDING_CLEANING_TEXT_SQL)
 
 # The rules and the signature of the same set, in one statement (one snapshot).
 _RULES = text(
@@ -46,11 +48,11 @@ _RULES = text(
 )
 
 _NEW_VALUES = [f"CAST(:{f} AS text)" for f in CLEANABLE_FIELDS]
-_FIELD_CASE = " ".join(f"WHEN '{f}' THEN {v}" for f, v in zip(CLEANABLE_FIELDS, _NEW_VALUES))
+_FIELD_CASE = " ".join(f"WHEN '{f}' THEN {v}" for f, v in zip(CLEANABLE_FIELDS, _NEW_VALUES, strict=True))
 _WRITE = text(
     f"""
     UPDATE archive_documents AS d
-       SET {", ".join(f"{f} = {v}" for f, v in zip(CLEANABLE_FIELDS, _NEW_VALUES))},
+       SET {", ".join(f"{f} = {v}" for f, v in zip(CLEANABLE_FIELDS, _NEW_VALUES, strict=True))},
            updated_at = CASE WHEN CAST(:changed AS boolean) THEN now() ELSE d.updated_at END,
            cleaning_ruleset = CAST(:ruleset AS text),
            cleaning_text_stamp = archive_cleaning_text_stamp({", ".join(_NEW_VALUES)}),
@@ -87,7 +89,8 @@ def load_rules(engine) -> tuple[list[dict[str, Any]], str | None]:
     return rules, (rows[0].ruleset if rows else None)
 
 
-def apply_rules(values: dict[str, str | None], rules: list[dict[str, Any]]) -> tuple[dict[str, str | None], dict[int, str]]:
+def apply_rules(values: dict[str, str | None],
+                rules: list[dict[str, Any]]) -> tuple[dict[str, str | None], dict[int, str]]:
     """The cleaned values and, per rule id, the error of a rule that could not run."""
     out, errors = dict(values), {}
     for rule in rules:
@@ -115,25 +118,31 @@ def run(ctx: RunContext) -> dict[str, Any]:
     rule_json = {str(r["id"]): {"signature": r["signature"], "field": r["field"]} for r in rules}
     columns = ", ".join(f"d.{f}" for f in CLEANABLE_FIELDS) + f", {CLEANING_TEXT_STAMP_SQL.format(a='d')} AS text_stamp"
     for batch in pending_batches(ctx, QUEUE, columns):
-        params = []
-        for row in batch:
-            before = {f: getattr(row, f) for f in CLEANABLE_FIELDS}
-            after, errors = apply_rules(before, rules)
-            stamps = {rid: {**v, "error": errors.get(int(rid))} for rid, v in rule_json.items()}
-            params.append({"id": row.id, "text_stamp": row.text_stamp, "changed": after != before,
-                           "ruleset": ruleset, "run_id": str(ctx.run_id), "rules": json.dumps(stamps), **after})
-
-        def write(conn: Connection) -> tuple[int, int]:
-            written = changed = 0
-            for p in params:
-                if conn.execute(_WRITE, p).first() is not None:
-                    written += 1
-                    changed += int(p["changed"])
-            return written, changed
-
-        written, changed = ctx.commit(write)
+        params = [cleaned(row, rules, rule_json, ruleset, ctx.run_id) for row in batch]
+        written, changed = ctx.commit(partial(write_cleaned, params))
         ctx.tally(len(batch), rewritten=changed, skipped=len(batch) - written)
     return ctx.result
+
+
+def cleaned(row: Any, rules: list[dict[str, Any]], rule_json: dict[str, dict[str, Any]], ruleset: str | None,
+            run_id: Any) -> dict[str, Any]:
+    """One document's write: its fields after the rules, the text stamp fetched with it, one stamp per rule."""
+    before = {f: getattr(row, f) for f in CLEANABLE_FIELDS}
+    after, errors = apply_rules(before, rules)
+    stamps = {rid: {**v, "error": errors.get(int(rid))} for rid, v in rule_json.items()}
+    return {"id": row.id, "text_stamp": row.text_stamp, "changed": after != before, "ruleset": ruleset,
+            "run_id": str(run_id), "rules": json.dumps(stamps), **after}
+
+
+def write_cleaned(params: list[dict[str, Any]], conn: Connection) -> tuple[int, int]:
+    """The batch's cleaned fields and per-rule stamps: (documents written, documents changed). Bound with
+    ``partial``: a function of the batch it is given, not a closure over the loop's variables."""
+    written = changed = 0
+    for p in params:
+        if conn.execute(_WRITE, p).first() is not None:
+            written += 1
+            changed += int(p["changed"])
+    return written, changed
 
 
 SPEC = WorkerSpec(

@@ -72,7 +72,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         for unit in batch:
             try:
                 ctx.result["devices"].append(probe(unit, ctx.options))
-            except Exception as exc:  # noqa: BLE001 - a broken device is the report, not a crash
+            except Exception as exc:  # a broken device is the report, not a crash
                 ctx.result["devices"].append({"device": unit, "error": f"{type(exc).__name__}: {exc}"})
         ctx.tally(len(batch))
     return ctx.result

@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection, text
 
 from scrinalia.db.tables import ENTITY_LABELS
-from scrinalia.domains.archive.workers.base import commit_batch, pending_batches, per_unit
+from scrinalia.domains.archive.workers.base import columns, commit_batch, pending_batches, per_unit
 from scrinalia.domains.archive.workers.engines.token_classification import TOKEN_CLASSIFICATION
 from scrinalia.domains.archive.workers.sdk import OptionSpec, RunContext, WorkerSpec
-from scrinalia.domains.archive.workers.stamps import COMPOSED_TEXT_SQL, DONE, ERROR, TEXT_STAMP_SQL, StampQueue
+from scrinalia.domains.archive.workers.stamps import (
+    COMPOSED_TEXT_SQL,
+    DONE,
+    ERROR,
+    PENDING_NER_SQL,
+    TEXT_STAMP_SQL,
+    StampQueue,
+)
 
-QUEUE = StampQueue(key="ner", stamp_sql=TEXT_STAMP_SQL, governed=True)
+QUEUE = StampQueue(key="ner", stamp_sql=TEXT_STAMP_SQL, governed=True, pending_sql=PENDING_NER_SQL)
 
 _EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$", re.UNICODE)
 
@@ -93,34 +101,43 @@ def run(ctx: RunContext) -> dict[str, Any]:
         results = per_unit([r.text for r in batch], model.extract)
         found: dict[int, dict[tuple[str, str], dict[str, Any]]] = {}
         stamps = []
-        for row, (entities, error) in zip(batch, results):
+        for row, (entities, error) in zip(batch, results, strict=True):
             stamps.append((row.id, row.stamp, ERROR if error else DONE, error))
             if error is None:
                 found[row.id] = aggregate(entities or [], min_score=options["min_score"],
                                           min_length=options["min_length"], labels=labels,
                                           stopwords=stopwords, exclusions=exclusions)
 
-        def write(conn: Connection, stamped: set[int]) -> dict[str, int]:
-            docs = [d for d in found if d in stamped]
-            if not docs:
-                return {"links": 0}
-            conn.execute(_DELETE_LINKS, {"ids": docs})
-            unique = {key: v["name"] for d in docs for key, v in found[d].items()}
-            if not unique:
-                return {"links": 0}
-            keys = sorted(unique)
-            conn.execute(_UPSERT_ENTITIES, {"labels": [k[0] for k in keys], "names": [unique[k] for k in keys],
-                                            "norms": [k[1] for k in keys]})
-            ids = {(r.label, r.normalized_name): r.id for r in conn.execute(
-                _ENTITY_IDS, {"labels": [k[0] for k in keys], "norms": [k[1] for k in keys]})}
-            links = [(d, ids[key], v["score"], v["mentions"]) for d in docs for key, v in found[d].items()]
-            conn.execute(_INSERT_LINKS, {"run_id": str(ctx.run_id), "docs": [l[0] for l in links],
-                                         "entities": [l[1] for l in links], "scores": [l[2] for l in links],
-                                         "mentions": [l[3] for l in links]})
-            return {"links": len(links)}
-
-        commit_batch(ctx, QUEUE, len(batch), stamps, write)
+        commit_batch(ctx, QUEUE, len(batch), stamps, partial(write_links, found, ctx.run_id))
     return ctx.result
+
+
+def write_links(found: dict[int, dict[tuple[str, str], dict[str, Any]]], run_id: Any, conn: Connection,
+                stamped: set[int]) -> dict[str, int]:
+    """The batch's entities and links, for the documents actually stamped (bound with ``partial``: a
+    function of the batch it is given, never of the loop's later variables)."""
+    docs = [d for d in found if d in stamped]
+    if not docs:
+        return {"links": 0}
+    conn.execute(_DELETE_LINKS, {"ids": docs})
+    unique = {key: v["name"] for d in docs for key, v in found[d].items()}
+    if not unique:
+        return {"links": 0}
+    ids = _entity_ids(conn, unique)
+    links = [(d, ids[key], v["score"], v["mentions"]) for d in docs for key, v in found[d].items()]
+    doc_ids, entities, scores, mentions = columns(links, 4)
+    conn.execute(_INSERT_LINKS, {"run_id": str(run_id), "docs": doc_ids, "entities": entities, "scores": scores,
+                                 "mentions": mentions})
+    return {"links": len(links)}
+
+
+def _entity_ids(conn: Connection, names: dict[tuple[str, str], str]) -> dict[tuple[str, str], int]:
+    """Upsert the batch's entities (``names``: display name by (label, normalized name)); their ids."""
+    keys = sorted(names)
+    labels, norms = [k[0] for k in keys], [k[1] for k in keys]
+    conn.execute(_UPSERT_ENTITIES, {"labels": labels, "names": [names[k] for k in keys], "norms": norms})
+    rows = conn.execute(_ENTITY_IDS, {"labels": labels, "norms": norms})
+    return {(r.label, r.normalized_name): r.id for r in rows}
 
 
 SPEC = WorkerSpec(

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection, text
 
-from scrinalia.domains.archive.workers.base import commit_batch, pending_batches, per_unit
+from scrinalia.domains.archive.workers.base import Stamp, commit_batch, pending_batches, per_unit
 from scrinalia.domains.archive.workers.engines.nli import nli_engine
 from scrinalia.domains.archive.workers.sdk import OptionSpec, RunContext, WorkerSpec
 from scrinalia.domains.archive.workers.stamps import (
@@ -33,11 +35,12 @@ from scrinalia.domains.archive.workers.stamps import (
     COMPOSED_TEXT_SQL,
     DONE,
     ERROR,
+    PENDING_QUALITY_SQL,
     QUALITY_STAMP_SQL,
     StampQueue,
 )
 
-QUEUE = StampQueue(key="quality-validator", stamp_sql=QUALITY_STAMP_SQL, governed=True)
+QUEUE = StampQueue(key="quality-validator", stamp_sql=QUALITY_STAMP_SQL, governed=True, pending_sql=PENDING_QUALITY_SQL)
 CHECKED_FIELDS = CLEANABLE_FIELDS + ("date_text", "creator")
 
 NLI_CHECK = nli_engine(
@@ -97,38 +100,49 @@ def _reason(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"code": code, "message": message, **extra}
 
 
+def _all_capitals(title: str, min_caps_letters: int) -> bool:
+    letters = [c for c in title if c.isalpha()]
+    return len(letters) >= min_caps_letters and all(c.isupper() for c in letters)
+
+
+def _repeats_a_word(title: str) -> bool:
+    words = re.findall(r"\w+", title.casefold())
+    return any(a == b and len(a) > 1 for a, b in zip(words, words[1:], strict=False))
+
+
 def title_checks(title: str, templates: list[re.Pattern[str]], min_caps_letters: int) -> list[dict[str, Any]]:
-    reasons = []
     stripped = (title or "").strip()
     if not stripped:
         return [_reason("title_empty", "the title is empty")]
-    letters = [c for c in stripped if c.isalpha()]
-    if len(letters) >= min_caps_letters and all(c.isupper() for c in letters):
-        reasons.append(_reason("title_all_caps", "the title is written in capitals only"))
-    words = re.findall(r"\w+", stripped.casefold())
-    if any(a == b and len(a) > 1 for a, b in zip(words, words[1:])):
-        reasons.append(_reason("title_repeated_words", "the title repeats a word"))
-    if any(p.search(stripped) for p in templates):
-        reasons.append(_reason("title_template", "the title is a placeholder, not a description"))
-    return reasons
+    checks = (
+        ("title_all_caps", "the title is written in capitals only", _all_capitals(stripped, min_caps_letters)),
+        ("title_repeated_words", "the title repeats a word", _repeats_a_word(stripped)),
+        ("title_template", "the title is a placeholder, not a description",
+         any(p.search(stripped) for p in templates)),
+    )
+    return [_reason(code, message) for code, message, found in checks if found]
+
+
+def _record_checks(row: Any, options: dict[str, Any]) -> list[dict[str, Any]]:
+    """The checks of the fetched row's other columns (dates, duplicates, the other workers' results)."""
+    undated = row.date_start is None and row.date_end is None and not (row.date_text or "").strip()
+    checks = (
+        ("title_duplicate", "another document has the same title", bool(row.title_duplicate)),
+        ("date_missing", "the document has no date", undated),
+        ("date_future", "the document is dated in the future", bool(row.date_future)),
+        ("no_entities", "no named entity was found",
+         options["check_entities"] and row.ner_ran and not row.has_entities),
+        ("no_typology", "no typology was assigned",
+         options["check_typology"] and row.typology_ran and not row.has_typology),
+    )
+    return [_reason(code, message) for code, message, found in checks if found]
 
 
 def rule_checks(row: Any, options: dict[str, Any], templates: list[re.Pattern[str]],
                 validate_rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    reasons = title_checks(row.title, templates, options["min_caps_letters"])
-    if row.title_duplicate:
-        reasons.append(_reason("title_duplicate", "another document has the same title"))
-    if row.date_start is None and row.date_end is None and not (row.date_text or "").strip():
-        reasons.append(_reason("date_missing", "the document has no date"))
-    if row.date_future:
-        reasons.append(_reason("date_future", "the document is dated in the future"))
-    if options["check_entities"] and row.ner_ran and not row.has_entities:
-        reasons.append(_reason("no_entities", "no named entity was found"))
-    if options["check_typology"] and row.typology_ran and not row.has_typology:
-        reasons.append(_reason("no_typology", "no typology was assigned"))
+    reasons = title_checks(row.title, templates, options["min_caps_letters"]) + _record_checks(row, options)
     for rule in validate_rules:
-        value = getattr(row, rule["field"], None) or ""
-        if rule["regex"].search(value):
+        if rule["regex"].search(getattr(row, rule["field"], None) or ""):
             reasons.append(_reason("validate_rule", rule["message"] or f"rule {rule['name']} matched",
                                    rule=rule["name"], field=rule["field"]))
     return reasons
@@ -151,51 +165,88 @@ def load_validate_rules(engine) -> tuple[list[dict[str, Any]], dict[str, str]]:
     return rules, broken
 
 
+@dataclass(frozen=True)
+class ModelCheck:
+    """The active LLM_CHECK rule's model check: the rule, its engine, the score from which it flags."""
+
+    rule: dict[str, Any]
+    model: Any
+    threshold: float
+    field: str
+    hypothesis: str
+
+    def scores(self, batch: list[Any]) -> dict[int, tuple[float | None, str | None]]:
+        """Each document's entailment score (or the error that stopped it), by document id."""
+        premises = [(row.text if self.field == "text" else getattr(row, self.field, None)) or "" for row in batch]
+        scored = per_unit(premises, lambda p: self.model.entailment(p, self.hypothesis))
+        return dict(zip((r.id for r in batch), scored, strict=True))
+
+    def reason(self, score: float | None) -> dict[str, Any] | None:
+        if score is None or score < self.threshold:
+            return None
+        return _reason("model_check", f"the model check {self.rule['name']!r} flagged it",
+                       rule=self.rule["name"], score=round(score, 4))
+
+
+def model_check(ctx: RunContext) -> ModelCheck | None:
+    """The run's model check, or None when no LLM_CHECK rule resolved to an engine."""
+    rule = ctx.config.config.get("llm_check_rule")
+    if not ctx.config.engine_name or not rule:
+        return None
+    model = ctx.get_engine(SPEC)
+    return ModelCheck(rule=rule, model=model, threshold=float(ctx.config.engine_options.get("threshold", 0.5)),
+                      field=rule.get("field") or "title",
+                      hypothesis=rule.get("prompt") or "This description contains an error.")
+
+
+@dataclass
+class Findings:
+    """One batch's stamps, anomaly flags and review-queue entries."""
+
+    stamps: list[Stamp] = field(default_factory=list)
+    updates: list[dict[str, Any]] = field(default_factory=list)
+    reviews: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, row: Any, reasons: list[dict[str, Any]]) -> None:
+        self.stamps.append((row.id, row.stamp, DONE, None))
+        self.updates.append({"id": row.id, "anomaly": bool(reasons), "reasons": reasons})
+        if reasons:
+            self.reviews.append({"id": row.id, "reason": "quality: " + ", ".join(sorted({r["code"] for r in reasons})),
+                                 "details": {"reasons": reasons}})
+
+
+def write_findings(findings: Findings, run_id: Any, conn: Connection, stamped: set[int]) -> dict[str, int]:
+    """The batch's flags and reviews, for the documents actually stamped. Bound with ``partial``: a
+    function of the batch it is given, not a closure over the loop's variables."""
+    rows = [u for u in findings.updates if u["id"] in stamped]
+    if rows:
+        conn.execute(_UPDATE, {"rows": json.dumps(rows, default=str)})
+    flagged = [r for r in findings.reviews if r["id"] in stamped]
+    if flagged:
+        conn.execute(_REVIEW, {"run_id": str(run_id), "rows": json.dumps(flagged, default=str)})
+    return {"anomalies": len(flagged)}
+
+
 def run(ctx: RunContext) -> dict[str, Any]:
     options = ctx.options
     templates = [re.compile(p, re.IGNORECASE) for p in options["template_titles"]]
     validate_rules, broken = load_validate_rules(ctx.engine)
-    rule = ctx.config.config.get("llm_check_rule")
-    model = ctx.get_engine(SPEC) if ctx.config.engine_name else None
-    ctx.result.update(validate_rules=len(validate_rules), model_check=rule["name"] if (rule and model) else None)
+    check = model_check(ctx)
+    ctx.result.update(validate_rules=len(validate_rules), model_check=check.rule["name"] if check else None)
     if broken:
         ctx.result["broken_rules"] = broken
-    threshold = float(ctx.config.engine_options.get("threshold", 0.5)) if model else None
-    field = (rule or {}).get("field") or "title"
-    hypothesis = (rule or {}).get("prompt") or "This description contains an error."
-
     for batch in pending_batches(ctx, QUEUE, COLUMNS):
-        model_scores: dict[int, tuple[float | None, str | None]] = {}
-        if model is not None:
-            premises = [(row.text if field == "text" else getattr(row, field, None)) or "" for row in batch]
-            model_scores = dict(zip((r.id for r in batch),
-                                    per_unit(premises, lambda p: model.entailment(p, hypothesis))))
-        stamps, updates, reviews = [], [], []
+        model_scores = check.scores(batch) if check else {}
+        findings = Findings()
         for row in batch:
             score, error = model_scores.get(row.id, (None, None))
             if error is not None:
-                stamps.append((row.id, row.stamp, ERROR, error))
+                findings.stamps.append((row.id, row.stamp, ERROR, error))
                 continue
             reasons = rule_checks(row, options, templates, validate_rules)
-            if score is not None and score >= threshold:
-                reasons.append(_reason("model_check", f"the model check {rule['name']!r} flagged it",
-                                       rule=rule["name"], score=round(score, 4)))
-            stamps.append((row.id, row.stamp, DONE, None))
-            updates.append({"id": row.id, "anomaly": bool(reasons), "reasons": reasons})
-            if reasons:
-                reviews.append({"id": row.id, "reason": "quality: " + ", ".join(sorted({r["code"] for r in reasons})),
-                                "details": {"reasons": reasons}})
-
-        def write(conn: Connection, stamped: set[int]) -> dict[str, int]:
-            rows = [u for u in updates if u["id"] in stamped]
-            if rows:
-                conn.execute(_UPDATE, {"rows": json.dumps(rows, default=str)})
-            flagged = [r for r in reviews if r["id"] in stamped]
-            if flagged:
-                conn.execute(_REVIEW, {"run_id": str(ctx.run_id), "rows": json.dumps(flagged, default=str)})
-            return {"anomalies": len(flagged)}
-
-        commit_batch(ctx, QUEUE, len(batch), stamps, write)
+            flagged = check.reason(score) if check else None
+            findings.add(row, reasons + [flagged] if flagged else reasons)
+        commit_batch(ctx, QUEUE, len(batch), findings.stamps, partial(write_findings, findings, ctx.run_id))
     return ctx.result
 
 

@@ -7,13 +7,14 @@ Contract between the runner (``runner/``) and the catalogue (``scrinalia.domains
 * at claim the child re-resolves the request with ``spec.resolve(engine, request)`` (explicit > persisted
   ``archive_worker_settings`` row > signature default) and the ledger's ``record_start`` writes what it
   returns (``ResolvedConfig``: engine_name, preset, options, config);
-* the child builds a ``RunContext(run, config, engine, channel)`` and calls ``spec.run(ctx)``; the
+* the child builds a ``RunContext(run, config, engine, channel, spec=spec)`` and calls ``spec.run(ctx)``; the
   worker's summary (a JSON object, also kept in ``ctx.result`` after every committed batch) is the run's
   ``result``. ``RunCancelled`` ends the run CANCELLED (``ctx.result`` holds what was committed),
   ``LeaseLost`` ends the child with nothing more written, any other exception ends it FAILED.
 
 A worker never writes to the archive outside ``RunContext.commit``: that is the hard fence (the run's
-lease is checked in the same transaction, so no late write lands after the lease is gone). Its batches
+lease is checked by the database when the batch's transaction commits, so no write lands after the lease
+is gone; decision 0100). A batch's transaction holds no lock on the run's row. Its batches
 come from ``RunContext.batches``, which checks cancellation once per batch boundary, so a worker cannot
 forget to.
 
@@ -23,22 +24,31 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import Connection, Engine, bindparam, text
-from sqlalchemy.dialects.postgresql import UUID
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
 
+from scrinalia.db.errors import classify_database_error, describe_database_error
 from scrinalia.domains.archive.errors import InvalidRunRequest
-from scrinalia.domains.archive.ledger import BATCH_SIZE_MAX, BATCH_SIZE_MIN, WorkerRun, validate_request
+from scrinalia.domains.archive.ledger import (
+    BATCH_SIZE_MAX,
+    BATCH_SIZE_MIN,
+    WorkerRun,
+    is_batch_fence_refusal,
+    register_batch_fence,
+    validate_request,
+)
 from scrinalia.domains.archive.worker_settings import get_settings
 
 T = TypeVar("T")
 
-#: An option by this name is refused everywhere: ``config`` is the run's describe_config output, written
+#: An option by this name is refused everywhere: ``config`` is the run's engine description, written
 #: by the resolver; accepting it as an option would let a request forge what the ledger says ran.
 REFUSED_OPTION_NAMES = frozenset({"config"})
 
@@ -161,31 +171,30 @@ class OptionSpec:
             if self.nullable or self.default is None:
                 return None
             raise InvalidOption(field_name, "must not be null")
-        if isinstance(value, str) and self.type in ("int", "float", "bool", "list", "dict"):
+        value = self._typed(value, field_name)
+        self._check_bounds(value, field_name)
+        return value
+
+    def _typed(self, value: Any, field_name: str) -> Any:
+        """``value`` as this option's type: parsed from a string, an integral float as an int, a
+        tuple as a list; a boolean is never a number."""
+        if isinstance(value, str) and self.type in _PARSED_FROM_STRING:
             value = _parse_string(value, self.type, field_name)
-        if self.type in ("int",) and isinstance(value, bool):
-            raise InvalidOption(field_name, "must be an integer, not a boolean")
-        if self.type == "float" and isinstance(value, bool):
-            raise InvalidOption(field_name, "must be a number, not a boolean")
+        _refuse_boolean_number(self.type, value, field_name)
         if self.type == "int" and isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, _TYPES[self.type]):
             raise InvalidOption(field_name, f"must be of type {self.type}, not {type(value).__name__}")
-        if self.type == "float":
-            value = float(value)
-            if not math.isfinite(value):
-                raise InvalidOption(field_name, "must be a finite number")
-        if self.type == "list":
-            value = list(value)
-        if self.type in ("str", "path") and not value.strip():
-            raise InvalidOption(field_name, "must be a non-empty string")
+        normalise = _NORMALISE.get(self.type)
+        return normalise(value, field_name) if normalise else value
+
+    def _check_bounds(self, value: Any, field_name: str) -> None:
         if self.choices is not None and value not in self.choices:
             raise InvalidOption(field_name, f"must be one of {', '.join(map(str, self.choices))}, got {value!r}")
         if self.minimum is not None and value < self.minimum:
             raise InvalidOption(field_name, f"must be >= {self.minimum}, got {value!r}")
         if self.maximum is not None and value > self.maximum:
             raise InvalidOption(field_name, f"must be <= {self.maximum}, got {value!r}")
-        return value
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "default": self.default, "description": self.description}
@@ -198,6 +207,38 @@ class OptionSpec:
         if self.required:
             out["required"] = True
         return out
+
+
+_PARSED_FROM_STRING = ("int", "float", "bool", "list", "dict")
+
+
+def _refuse_boolean_number(type_: str, value: Any, field_name: str) -> None:
+    """``True`` is an ``int`` to Python, never a number to an option."""
+    if type_ in ("int", "float") and isinstance(value, bool):
+        kind = "an integer" if type_ == "int" else "a number"
+        raise InvalidOption(field_name, f"must be {kind}, not a boolean")
+
+
+def _finite_float(value: Any, field_name: str) -> float:
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidOption(field_name, "must be a finite number")
+    return number
+
+
+def _non_empty(value: Any, field_name: str) -> str:
+    if not value.strip():
+        raise InvalidOption(field_name, "must be a non-empty string")
+    return str(value)
+
+
+#: The last step of ``OptionSpec.coerce`` for the types that have one.
+_NORMALISE: dict[str, Callable[[Any, str], Any]] = {
+    "float": _finite_float,
+    "list": lambda value, _field: list(value),
+    "str": _non_empty,
+    "path": _non_empty,
+}
 
 
 def _parse_string(value: str, type_: str, field_name: str) -> Any:
@@ -280,7 +321,7 @@ class ResolvedConfig:
     db_batch_size: int
     options: dict[str, Any]
     engine_options: dict[str, Any]
-    config: dict[str, Any]  # the engine's describe_config(): what would be loaded, made without loading it
+    config: dict[str, Any]  # the engine's describe(): what would be loaded, made without loading it
     sources: dict[str, str] = field(default_factory=dict)  # field -> explicit | persisted | default | rule
 
     def to_json(self) -> dict[str, Any]:
@@ -382,7 +423,7 @@ class WorkerSpec:
     name: str
     label: str
     description: str
-    run: Callable[["RunContext"], Mapping[str, Any] | None]
+    run: Callable[[RunContext], Mapping[str, Any] | None]
     unit: str = "document"
     governed: bool = False
     engine_source: str = "none"  # "none" | "settings" | "llm_check_rule"
@@ -432,17 +473,6 @@ class WorkerSpec:
         if self.resolver is not None:
             return self.resolver(self, engine, request)
         return resolve_config(self, engine, request, layer=layer)
-
-    def describe_config(
-        self, engine_name: str | None, preset: str | None = None, engine_options: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
-        """What would be loaded for these choices, without loading it (defaults filled in)."""
-        if engine_name is None:
-            return {"engine": None}
-        espec = self._engine(engine_name, "engine_name")
-        preset = preset or espec.default_preset
-        merged, _ = _merge_engine_options(espec, [("explicit", preset, engine_options or {})])
-        return _describe(espec, preset, merged)
 
     def get_engine(self, config: ResolvedConfig) -> Any:
         """Load the run's engine (heavy: only a runner's child calls this)."""
@@ -551,7 +581,7 @@ def _merge_options(
                            f"worker {spec.name!r}"), sources
 
 
-def _coerce_options(values: Mapping[str, Any], declared: Mapping[str, "OptionSpec"], accepts_extra: bool,
+def _coerce_options(values: Mapping[str, Any], declared: Mapping[str, OptionSpec], accepts_extra: bool,
                     prefix: str, owner: str) -> dict[str, Any]:
     """Each value coerced by its declaration; an undeclared one kept only where ``accepts_extra``."""
     clean: dict[str, Any] = {}
@@ -560,13 +590,32 @@ def _coerce_options(values: Mapping[str, Any], declared: Mapping[str, "OptionSpe
         if ospec is not None:
             clean[k] = ospec.coerce(v, f"{prefix}.{k}")
             if ospec.required and clean[k] is None:
-                raise MissingOption(f"{prefix}.{k}", f"is required and not set: {ospec.required_hint or ospec.description}")
+                hint = ospec.required_hint or ospec.description
+                raise MissingOption(f"{prefix}.{k}", f"is required and not set: {hint}")
         elif accepts_extra:
             clean[k] = v
         else:
             known = ", ".join(declared) or "none"
             raise UnknownOption(f"{prefix}.{k}", f"is not an option of {owner} (known: {known})")
     return clean
+
+
+@dataclass(frozen=True, slots=True)
+class _EngineChoice:
+    """The engine part of a resolution: which engine, its preset and options, and what it describes."""
+
+    engine_name: str | None = None
+    preset: str | None = None
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=lambda: {"engine": None})
+
+
+def _first_set(*candidates: tuple[Any, str]) -> tuple[Any, str]:
+    """The first (value, source) whose value is set; the last one (the default) otherwise."""
+    for value, source in candidates[:-1]:
+        if value is not None:
+            return value, source
+    return candidates[-1]
 
 
 def resolve_config(spec: WorkerSpec, engine: Engine | None, request: Mapping[str, Any],
@@ -590,99 +639,141 @@ def resolve_config(spec: WorkerSpec, engine: Engine | None, request: Mapping[str
     else:
         persisted = load_persisted(engine, spec.name)
     sources: dict[str, str] = {}
-
-    # batch size
-    if clean.get("db_batch_size") is not None:
-        batch, sources["db_batch_size"] = clean["db_batch_size"], "explicit"
-    elif persisted.db_batch_size is not None:
-        batch, sources["db_batch_size"] = persisted.db_batch_size, "persisted"
-    else:
-        batch, sources["db_batch_size"] = spec.default_batch_size, "default"
+    batch, sources["db_batch_size"] = _first_set((clean.get("db_batch_size"), "explicit"),
+                                                 (persisted.db_batch_size, "persisted"),
+                                                 (spec.default_batch_size, "default"))
     if not BATCH_SIZE_MIN <= int(batch) <= BATCH_SIZE_MAX:
         raise InvalidOption("db_batch_size", f"must be between {BATCH_SIZE_MIN} and {BATCH_SIZE_MAX}")
-
     options, option_sources = _merge_options(spec, persisted.options, clean.get("options") or {})
     sources.update({f"options.{k}": v for k, v in option_sources.items()})
-
-    engine_name: str | None = None
-    preset: str | None = None
-    engine_options: dict[str, Any] = {}
-    config: dict[str, Any] = {"engine": None}
-
     if spec.engine_source == "none":
         why = f"worker {spec.name!r} uses no engine"
         _refuse_engine_choice(clean, why, why)
+        choice = _EngineChoice()
     elif spec.engine_source == "llm_check_rule":
-        _refuse_engine_choice(clean, f"worker {spec.name!r} takes its engine from the active LLM_CHECK rule",
-                              f"worker {spec.name!r} takes its engine options from the LLM_CHECK rule")
-        if layer is not None:
-            rule = dict(layer.llm_check_rule) if layer.llm_check_rule is not None else None
-        else:
-            rule = active_llm_check_rule(engine) if engine is not None else None
-        if rule is not None and rule["engine_name"]:
-            espec = spec._engine(rule["engine_name"], "llm_check_rule.engine_name")
-            engine_name = espec.name
-            rule_options = dict(rule["engine_options"])
-            rule_preset = rule_options.pop("preset", None)
-            engine_options, eo_sources = _merge_engine_options(espec, [("rule", rule_preset, rule_options)])
-            preset = rule_preset or espec.default_preset
-            config = _describe(espec, preset, engine_options)
-            config["llm_check_rule"] = {k: rule[k] for k in ("id", "name", "field", "prompt", "updated_at")}
-            sources["engine_name"] = "rule"
-            sources.update({f"engine_options.{k}": v for k, v in eo_sources.items()})
-        else:
-            config = {"engine": None, "llm_check_rule": None}
-    else:  # settings
-        if clean.get("engine_name") is not None:
-            engine_name, sources["engine_name"] = clean["engine_name"], "explicit"
-        elif persisted.engine_name is not None:
-            engine_name, sources["engine_name"] = persisted.engine_name, "persisted"
-        else:
-            engine_name, sources["engine_name"] = spec.default_engine, "default"
-        if engine_name is None:
-            raise UnknownEngine("engine_name", f"worker {spec.name!r} has no default engine; name one")
-        espec = spec._engine(engine_name, "engine_name" if sources["engine_name"] != "persisted"
-                             else "archive_worker_settings.engine_name")
-        same_engine = persisted.engine_name in (None, engine_name)
-        layers: list[tuple[str, str | None, Mapping[str, Any]]] = []
-        if same_engine:
-            layers.append(("persisted", persisted.preset, persisted.engine_options))
-        layers.append(("explicit", clean.get("preset"), clean.get("engine_options") or {}))
-        engine_options, eo_sources = _merge_engine_options(espec, layers)
-        if clean.get("preset") is not None:
-            preset, sources["preset"] = clean["preset"], "explicit"
-        elif same_engine and persisted.preset is not None:
-            preset, sources["preset"] = persisted.preset, "persisted"
-        else:
-            preset, sources["preset"] = espec.default_preset, "default"
-            if preset is not None:  # the default preset is the lowest layer: re-merge under it
-                engine_options, eo_sources = _merge_engine_options(espec, [("default", preset, {})] + layers)
-        sources.update({f"engine_options.{k}": v for k, v in eo_sources.items()})
-        config = _describe(espec, preset, engine_options)
-
-    config = {"worker": spec.name, **config}
+        choice = _rule_engine(spec, clean, engine, layer, sources)
+    else:
+        choice = _settings_engine(spec, clean, persisted, sources)
+    config = {"worker": spec.name, **choice.config}
     if persisted.revision is not None:
         config["settings_revision"] = persisted.revision
     return ResolvedConfig(
-        engine_name=engine_name,
-        preset=preset,
+        engine_name=choice.engine_name,
+        preset=choice.preset,
         db_batch_size=int(batch),
         options=options,
-        engine_options=engine_options,
+        engine_options=choice.engine_options,
         config=config,
         sources=sources,
     )
 
 
+def _rule_engine(spec: WorkerSpec, clean: Mapping[str, Any], engine: Engine | None, layer: DatabaseLayer | None,
+                 sources: dict[str, str]) -> _EngineChoice:
+    """The engine of the active LLM_CHECK rule, read now (at claim); an explicit engine is refused."""
+    _refuse_engine_choice(clean, f"worker {spec.name!r} takes its engine from the active LLM_CHECK rule",
+                          f"worker {spec.name!r} takes its engine options from the LLM_CHECK rule")
+    if layer is not None:
+        rule = dict(layer.llm_check_rule) if layer.llm_check_rule is not None else None
+    else:
+        rule = active_llm_check_rule(engine) if engine is not None else None
+    if rule is None or not rule["engine_name"]:
+        return _EngineChoice(config={"engine": None, "llm_check_rule": None})
+    espec = spec._engine(rule["engine_name"], "llm_check_rule.engine_name")
+    rule_options = dict(rule["engine_options"])
+    rule_preset = rule_options.pop("preset", None)
+    engine_options, eo_sources = _merge_engine_options(espec, [("rule", rule_preset, rule_options)])
+    preset = rule_preset or espec.default_preset
+    config = _describe(espec, preset, engine_options)
+    config["llm_check_rule"] = {k: rule[k] for k in ("id", "name", "field", "prompt", "updated_at")}
+    sources["engine_name"] = "rule"
+    sources.update({f"engine_options.{k}": v for k, v in eo_sources.items()})
+    return _EngineChoice(espec.name, preset, engine_options, config)
+
+
+def _settings_engine(spec: WorkerSpec, clean: Mapping[str, Any], persisted: PersistedSettings,
+                     sources: dict[str, str]) -> _EngineChoice:
+    """The engine named by the request, else the persisted settings, else the worker's default. The
+    persisted preset and engine options apply only to the engine they were persisted for."""
+    engine_name, sources["engine_name"] = _first_set((clean.get("engine_name"), "explicit"),
+                                                     (persisted.engine_name, "persisted"),
+                                                     (spec.default_engine, "default"))
+    if engine_name is None:
+        raise UnknownEngine("engine_name", f"worker {spec.name!r} has no default engine; name one")
+    espec = spec._engine(engine_name, "engine_name" if sources["engine_name"] != "persisted"
+                         else "archive_worker_settings.engine_name")
+    same_engine = persisted.engine_name in (None, engine_name)
+    layers: list[tuple[str, str | None, Mapping[str, Any]]] = []
+    if same_engine:
+        layers.append(("persisted", persisted.preset, persisted.engine_options))
+    layers.append(("explicit", clean.get("preset"), clean.get("engine_options") or {}))
+    engine_options, eo_sources = _merge_engine_options(espec, layers)
+    preset, sources["preset"] = _first_set((clean.get("preset"), "explicit"),
+                                           (persisted.preset if same_engine else None, "persisted"),
+                                           (espec.default_preset, "default"))
+    if sources["preset"] == "default" and preset is not None:
+        # the default preset is the lowest layer: re-merge under it
+        engine_options, eo_sources = _merge_engine_options(espec, [("default", preset, {})] + layers)
+    sources.update({f"engine_options.{k}": v for k, v in eo_sources.items()})
+    return _EngineChoice(engine_name, preset, engine_options, _describe(espec, preset, engine_options))
+
+
 # --- the run context ------------------------------------------------------------------------------
 
-_LEASE_FENCE = text(
-    """
-    SELECT 1 FROM archive_worker_runs
-     WHERE run_id = :run_id AND runner_id = :runner_id AND status = 'RUNNING' AND lease_expires_at > now()
-       FOR UPDATE
-    """
-).bindparams(bindparam("run_id", type_=UUID(as_uuid=True)), bindparam("runner_id", type_=UUID(as_uuid=True)))
+#: Pauses between two tries of a batch (or a fetch) while the database is away: a restart or a failover
+#: shorter than the run's lease fails nothing (decision 0104).
+RETRY_PAUSES = (0.1, 0.25, 0.5, 1.0)
+DEFAULT_LEASE_SECONDS = 60.0
+
+
+class DatabaseOutage(RuntimeError):
+    """The database stayed unreachable (or blocked) for longer than the run's lease: the run fails."""
+
+
+def lease_of(run: WorkerRun) -> float:
+    """A claimed run's lease, as its claim set it (``lease_expires_at - heartbeat_at``, one ``now()``)."""
+    if run.lease_expires_at is not None and run.heartbeat_at is not None:
+        seconds = (run.lease_expires_at - run.heartbeat_at).total_seconds()
+        if seconds > 0:
+            return seconds
+    return DEFAULT_LEASE_SECONDS
+
+
+def retry_database(what: str, attempt: Callable[[], T], bound_seconds: float) -> T:
+    """``attempt()``, tried again on a new connection while the database is ``unreachable`` or
+    ``blocked`` (decision 0103), for at most ``bound_seconds`` after the first failure (decision 0104);
+    then ``DatabaseOutage``. The batch fence's refusal is ``LeaseLost``; any other error is raised."""
+    deadline: float | None = None
+    tries = 0
+    while True:
+        try:
+            return attempt()
+        except DBAPIError as exc:
+            if is_batch_fence_refusal(exc):
+                first = (str(getattr(exc, "orig", exc)).strip().splitlines() or ["LeaseLost"])[0]
+                raise LeaseLost(first.removeprefix("LeaseLost: ")) from None
+            state = classify_database_error(exc)
+            if state not in ("unreachable", "blocked"):
+                raise
+            now = time.monotonic()
+            deadline = deadline if deadline is not None else now + bound_seconds
+            if now >= deadline:
+                raise DatabaseOutage(
+                    f"the database stayed {state} for longer than the run's lease ({bound_seconds:g} s) "
+                    f"during {what}: {describe_database_error(exc)}") from None
+            pause = RETRY_PAUSES[min(tries, len(RETRY_PAUSES) - 1)]
+            tries += 1
+            print(f"database {state} during {what} (try {tries}): {describe_database_error(exc)}; "
+                  f"trying again in {pause:g} s", file=sys.stderr, flush=True)
+            time.sleep(min(pause, max(0.0, deadline - now)))
+
+
+def resolve_for_run(spec: WorkerSpec, engine: Engine, run: WorkerRun,
+                    layer: DatabaseLayer | None = None) -> ResolvedConfig:
+    """``spec.resolve`` for a claimed run in the runner's child: its database reads (the persisted
+    settings, the LLM_CHECK rule) are tried again through a restart shorter than the run's lease, so an
+    outage is never mistaken for a configuration failure (decision 0104)."""
+    return retry_database("resolve", lambda: spec.resolve(engine, run.request or {}, layer=layer), lease_of(run))
 
 
 class RunContext:
@@ -736,7 +827,9 @@ class RunContext:
     def get_engine(self, spec: WorkerSpec | None = None) -> Any:
         """Load (once) the run's engine, as resolved; None for a worker without one.
 
-        ``spec`` is the worker's own spec, for a context built without one (the runner passes none).
+        The runner's child builds the context with the worker's spec (``RunContext(..., spec=spec)``);
+        a worker passes its own ``spec`` here so that a context built without one (a test harness) can
+        still load it.
         """
         if spec is not None and self.spec is None:
             self.spec = spec
@@ -748,17 +841,35 @@ class RunContext:
             self._model_loaded = True
         return self._model
 
-    def commit(self, write: Callable[[Connection], T]) -> T:
-        """Run ``write`` in one transaction that first locks this run's row and checks its lease.
+    @property
+    def lease_seconds(self) -> float:
+        """The run's lease, as its claim set it."""
+        return lease_of(self.run)
 
-        If the lease is gone the transaction is rolled back and ``LeaseLost`` is raised, so no archive
-        write lands after another runner may have taken over.
+    def commit(self, write: Callable[[Connection], T]) -> T:
+        """Run ``write`` in one transaction fenced by the run's lease *at COMMIT* (decision 0100).
+
+        The transaction's first statement registers the fence (``ledger.register_batch_fence``: refused
+        at once when the lease is already gone); the database checks it again when the transaction
+        commits, so a batch whose COMMIT comes after the lease has ended (a child frozen or cut off
+        mid-batch) is rolled back whole, and no row lock is held while ``write`` runs. Either refusal
+        raises ``LeaseLost``: the child must write nothing more.
+
+        A database restart or failover shorter than the lease fails nothing: the batch is tried again on
+        a new connection (the stamps make it idempotent) until one lease has passed since the first
+        failure; then ``DatabaseOutage``.
         """
-        with self.engine.begin() as conn:
-            held = conn.execute(_LEASE_FENCE, {"run_id": self.run.run_id, "runner_id": self.runner_id}).first()
-            if held is None:
-                raise LeaseLost(f"run {self.run.run_id} is no longer held by runner {self.runner_id}")
-            return write(conn)
+        def attempt() -> T:
+            with self.engine.begin() as conn:
+                if not register_batch_fence(conn, self.run.run_id, self.runner_id):
+                    raise LeaseLost(f"run {self.run.run_id} is no longer held by runner {self.runner_id}")
+                return write(conn)
+
+        return self._retrying(f"batch {self.batch_index}", attempt)
+
+    def _retrying(self, what: str, attempt: Callable[[], T]) -> T:
+        """``attempt()``, tried again while the database is unreachable or blocked, for at most one lease."""
+        return retry_database(what, attempt, self.lease_seconds)
 
     def batches(self, fetch: Callable[[Connection, int], list[T]]) -> Iterator[list[T]]:
         """Yield batches of at most ``db_batch_size`` pending units until ``fetch`` returns none.
@@ -769,12 +880,16 @@ class RunContext:
         while True:
             if self.cancelled():
                 raise RunCancelled(f"cancelled after {self.done} units")
-            with self.engine.connect() as conn:
-                batch = fetch(conn, size)
+            batch = self._retrying(f"the fetch of batch {self.batch_index + 1}",
+                                   lambda: self._fetch(fetch, size))
             if not batch:
                 return
             self.batch_index += 1
             yield batch
+
+    def _fetch(self, fetch: Callable[[Connection, int], list[T]], size: int) -> list[T]:
+        with self.engine.connect() as conn:
+            return fetch(conn, size)
 
     def tally(self, units: int = 0, **counters: int) -> None:
         """Add a committed batch to the summary (``ctx.result``) and report progress.

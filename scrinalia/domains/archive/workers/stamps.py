@@ -8,9 +8,9 @@ would get. The stamp is computed by PostgreSQL from the row (``archive_text_stam
 functions of the migration), so an edited text changes the expected stamp and puts the document back in
 the queue by itself, without a trigger and without the application remembering to reset anything.
 
-The pending condition is ONE SQL fragment per worker (``StampQueue.pending``), used both by the
-execution (``fetch``) and by ``pending_count``. For the stamp keys with a fixed expression the migration
-creates a partial index whose predicate is that very condition (``ix_documents_pending_<key>``), so:
+The pending condition is ONE SQL function per worker (migration 0009, decision 0095: ``PENDING_*_SQL``
+below name them), called both by the execution (``fetch``) and by ``pending_count``, and the predicate of
+the worker's partial index (``ix_documents_pending_<key>``); PostgreSQL inlines it on both sides, so:
 
 * ``pending_count`` is an index-only count of the pending documents: its cost grows with the backlog,
   not with the archive (0 pending = an empty index);
@@ -41,7 +41,8 @@ DONE, ERROR = "DONE", "ERROR"
 ERROR_MESSAGE_MAX = 500
 
 #: The composed text of a document (title, scope and content, history, provenance), by PostgreSQL.
-COMPOSED_TEXT_SQL = "archive_composed_text({a}.title, {a}.scope_and_content, {a}.admin_biographical_history, {a}.provenance)"
+COMPOSED_TEXT_SQL = ("archive_composed_text({a}.title, {a}.scope_and_content, {a}.admin_biographical_history, "
+                     "{a}.provenance)")
 TEXT_STAMP_SQL = "archive_text_stamp({a}.title, {a}.scope_and_content, {a}.admin_biographical_history, {a}.provenance)"
 TITLE_STAMP_SQL = "md5({a}.title)"
 QUALITY_STAMP_SQL = (
@@ -50,11 +51,20 @@ QUALITY_STAMP_SQL = (
 )
 GOVERNED_SQL = "{a}.status <> 'HUMAN_APPROVED'"
 
+# The queues' predicates are SQL functions of migration 0009, each the predicate of a partial index
+# (docs/protocol.md, "Stamp queues"): the workers call the very function the index was built on, so the
+# planner proves the index's predicate from the query's, and the condition is written once, in SQL.
+_FOUR_FIELDS = "{a}.title, {a}.scope_and_content, {a}.admin_biographical_history, {a}.provenance"
+PENDING_EMBEDDING_SQL = "archive_pending_embedding({a}.execution_log, " + _FOUR_FIELDS + ")"
+PENDING_NER_SQL = "archive_pending_ner({a}.status, {a}.execution_log, " + _FOUR_FIELDS + ")"
+PENDING_TYPOLOGY_SQL = "archive_pending_typology({a}.status, {a}.execution_log, {a}.title)"
+PENDING_QUALITY_SQL = ("archive_pending_quality({a}.status, {a}.execution_log, " + _FOUR_FIELDS
+                       + ", {a}.date_text, {a}.date_start, {a}.date_end)")
+#: The cleaning queue's text arm: changed since cleaning (governed), backs ix_documents_pending_cleaning.
+PENDING_CLEANING_TEXT_SQL = "archive_pending_cleaning_text({a}.status, {a}.cleaning_text_stamp, " + _FOUR_FIELDS + ")"
+
 #: Rows with at least one ERROR stamp: the predicate of the small partial index ix_documents_stamp_errors.
-ANY_ERROR_SQL = (
-    "(jsonb_path_exists({a}.execution_log, '$.*.status ? (@ == \"ERROR\")') "
-    "OR jsonb_path_exists({a}.execution_log, '$.cleaning.*.status ? (@ == \"ERROR\")'))"
-)
+ANY_ERROR_SQL = "archive_has_stamp_error({a}.execution_log)"
 
 #: The fields a cleaning rule may rewrite (the composed text's fields).
 CLEANABLE_FIELDS = ("title", "scope_and_content", "admin_biographical_history", "provenance")
@@ -86,6 +96,10 @@ class StampQueue:
     stamp_sql: str | None  # an expression over alias {a}; None for a per-rule queue (cleaning)
     governed: bool
     per_rule: bool = False
+    #: The migration's predicate function over alias {a} (``PENDING_*_SQL``): the whole pending condition
+    #: of a fixed-expression queue, the text arm of the per-rule one. None (a plug-in's queue without a
+    #: migration of its own): ``archive_stamp_pending`` of the key and ``stamp_sql``, with no index.
+    pending_sql: str | None = None
 
     def _cleaning_parts(self, alias: str) -> tuple[str, str, tuple[str, str]]:
         """The per-rule queue's condition as (gate, text arm, rule-set ranges): pending = gate AND (text
@@ -97,19 +111,19 @@ class StampQueue:
         HUMAN_APPROVED row (never cleaned) on each count."""
         sig = CLEANING_RULESET_SQL
         gate = f"{sig} IS NOT NULL"
-        text_arm = f"{alias}.cleaning_text_stamp IS DISTINCT FROM {CLEANING_TEXT_STAMP_SQL.format(a=alias)}"
+        text_arm = (self.pending_sql or PENDING_CLEANING_TEXT_SQL).format(a=alias)
         return gate, text_arm, (f"{alias}.cleaning_ruleset < {sig}", f"{alias}.cleaning_ruleset > {sig}")
 
     def pending(self, alias: str = "d") -> str:
         """The pending condition (SQL over ``alias``): the same for the execution and for the count."""
+        if self.pending_sql is not None and not self.per_rule:
+            return self.pending_sql.format(a=alias)  # governed or not, as the function says
         if self.per_rule:
             gate, text_arm, (below, above) = self._cleaning_parts(alias)
             cond = f"{gate} AND ({text_arm} OR {below} OR {above})"
         else:
-            cond = (
-                f"({alias}.execution_log #>> '{{{self.key},stamp}}') "
-                f"IS DISTINCT FROM {self.stamp_sql.format(a=alias)}"
-            )
+            key = self.key.replace("'", "''")
+            cond = f"archive_stamp_pending({alias}.execution_log, '{key}', {self.stamp(alias)})"
         if self.governed:
             cond = f"{GOVERNED_SQL.format(a=alias)} AND {cond}"
         return cond
@@ -223,7 +237,7 @@ class StampQueue:
         """
         if not stamps:
             return set()
-        ids, values, statuses, errors = zip(*stamps)
+        ids, values, statuses, errors = zip(*stamps, strict=True)
         rows = conn.execute(
             _write_stamps_sql(self.governed),
             {

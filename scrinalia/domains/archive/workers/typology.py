@@ -11,17 +11,18 @@ Governed.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection, text
 
-from scrinalia.domains.archive.workers.base import commit_batch, pending_batches, per_unit
+from scrinalia.domains.archive.workers.base import Stamp, columns, commit_batch, pending_batches, per_unit
 from scrinalia.domains.archive.workers.engines.embedding import SIMILARITY
 from scrinalia.domains.archive.workers.engines.nli import ZERO_SHOT
 from scrinalia.domains.archive.workers.sdk import OptionSpec, RunContext, WorkerSpec
-from scrinalia.domains.archive.workers.stamps import DONE, ERROR, TITLE_STAMP_SQL, StampQueue
+from scrinalia.domains.archive.workers.stamps import DONE, ERROR, PENDING_TYPOLOGY_SQL, TITLE_STAMP_SQL, StampQueue
 
-QUEUE = StampQueue(key="typology", stamp_sql=TITLE_STAMP_SQL, governed=True)
+QUEUE = StampQueue(key="typology", stamp_sql=TITLE_STAMP_SQL, governed=True, pending_sql=PENDING_TYPOLOGY_SQL)
 THRESHOLD = 0.40
 
 _DELETE = text("DELETE FROM archive_document_typologies WHERE document_id = ANY(CAST(:ids AS bigint[]))")
@@ -60,27 +61,40 @@ def run(ctx: RunContext) -> dict[str, Any]:
 
     for batch in pending_batches(ctx, QUEUE, "d.title"):
         todo = [r for r in batch if r.title.strip()]
-        scored = dict(zip((r.id for r in todo), per_unit([r.title for r in todo], classify)))
-        stamps, links = [], []
-        for row in batch:
-            scores, error = scored.get(row.id, ({}, None))
-            stamps.append((row.id, row.stamp, ERROR if error else DONE, error))
-            if error is None:
-                for label, score in select_labels(scores or {}, options["threshold"]).items():
-                    links.append((row.id, typologies[label], score))
-
-        def write(conn: Connection, stamped: set[int]) -> dict[str, int]:
-            ok = [s[0] for s in stamps if s[0] in stamped and s[2] == DONE]
-            if ok:
-                conn.execute(_DELETE, {"ids": ok})
-            keep = [link for link in links if link[0] in stamped]
-            if keep:
-                conn.execute(_INSERT, {"run_id": str(ctx.run_id), "docs": [k[0] for k in keep],
-                                       "typologies": [k[1] for k in keep], "scores": [k[2] for k in keep]})
-            return {"links": len(keep)}
-
-        commit_batch(ctx, QUEUE, len(batch), stamps, write)
+        classified = per_unit([r.title for r in todo], classify)
+        scored = dict(zip((r.id for r in todo), classified, strict=True))
+        stamps, links = judge_batch(batch, scored, typologies, options["threshold"])
+        commit_batch(ctx, QUEUE, len(batch), stamps, partial(write_links, stamps, links, ctx.run_id))
     return ctx.result
+
+
+def judge_batch(batch: list[Any], scored: dict[int, tuple[dict[str, float] | None, str | None]],
+                typologies: dict[str, int], threshold: float) -> tuple[list[Stamp], list[tuple[int, int, float]]]:
+    """Each document's stamp (an empty title is DONE with no link) and its (document, typology, score)
+    links above ``threshold``."""
+    stamps: list[Stamp] = []
+    links: list[tuple[int, int, float]] = []
+    for row in batch:
+        scores, error = scored.get(row.id, ({}, None))
+        stamps.append((row.id, row.stamp, ERROR if error else DONE, error))
+        if error is None:
+            links += [(row.id, typologies[label], score)
+                      for label, score in select_labels(scores or {}, threshold).items()]
+    return stamps, links
+
+
+def write_links(stamps: list[Stamp], links: list[tuple[int, int, float]], run_id: Any, conn: Connection,
+                stamped: set[int]) -> dict[str, int]:
+    """The batch's typology links, for the documents actually stamped: a DONE document's old links are
+    replaced. Bound with ``partial``: a function of the batch it is given, not of the loop's variables."""
+    ok = [s[0] for s in stamps if s[0] in stamped and s[2] == DONE]
+    if ok:
+        conn.execute(_DELETE, {"ids": ok})
+    keep = [link for link in links if link[0] in stamped]
+    if keep:
+        docs, typology_ids, scores = columns(keep, 3)
+        conn.execute(_INSERT, {"run_id": str(run_id), "docs": docs, "typologies": typology_ids, "scores": scores})
+    return {"links": len(keep)}
 
 
 SPEC = WorkerSpec(

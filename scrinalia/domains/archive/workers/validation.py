@@ -36,7 +36,7 @@ def resolve_or_raise(spec: WorkerSpec, engine: Engine | None, clean: Mapping[str
     """Resolve ``clean`` as a runner would; a resolver error that names a field is ``InvalidRunRequest``."""
     try:
         spec.resolve(engine, clean)
-    except Exception as exc:  # noqa: BLE001 - an error naming a field is the request's fault, else re-raised
+    except Exception as exc:  # an error naming a field is the request's fault, else re-raised
         field_error = as_field_error(exc)
         if field_error is not None:
             raise field_error from None

@@ -145,13 +145,13 @@ class SimilarityClassifier:
         torch = self.embedder.torch
         label_texts = [label_text(label, (descriptions or {}).get(label)) for label in labels]
         p = torch.tensor(self.embedder.embed(list(premises)))
-        l = torch.tensor(self.embedder.embed(label_texts))
-        similarity = p @ l.T  # unit vectors: cosine similarity
+        lab = torch.tensor(self.embedder.embed(label_texts))
+        similarity = p @ lab.T  # unit vectors: cosine similarity
         if multi_label:
             scores = similarity.clamp(min=0.0, max=1.0)
         else:
             scores = torch.softmax(similarity / self.temperature, dim=1)
-        return [dict(zip(labels, row)) for row in scores.tolist()]
+        return [dict(zip(labels, row, strict=True)) for row in scores.tolist()]
 
 
 def label_text(label: str, description: str | None) -> str:

@@ -56,7 +56,7 @@ class ZeroShotClassifier:
                         multi_label=multi_label, batch_size=self.batch_size)
         if isinstance(raw, dict):
             raw = [raw]
-        return [dict(zip(r["labels"], (float(s) for s in r["scores"]))) for r in raw]
+        return [dict(zip(r["labels"], (float(s) for s in r["scores"]), strict=True)) for r in raw]
 
     def entailment(self, premises: list[str], hypothesis: str) -> list[float]:
         """Per premise: the probability that it entails ``hypothesis`` (entailment vs contradiction)."""

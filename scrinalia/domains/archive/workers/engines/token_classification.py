@@ -64,20 +64,22 @@ class TokenClassifier:
         if texts and raw and isinstance(raw[0], dict):
             raw = [raw]
         out = []
-        for text, entities in zip(texts, raw):
-            found = []
-            for ent in entities:
-                group = str(ent.get("entity_group") or ent.get("entity") or "").upper()
-                group = group.split("-", 1)[-1] if group[:2] in ("B-", "I-") else group
-                label = LABEL_ALIASES.get(group)
-                if label is None:
-                    continue
-                start, end = ent.get("start"), ent.get("end")
-                surface = text[start:end] if start is not None and end is not None else ent.get("word", "")
-                found.append({"label": label, "text": surface, "start": start, "end": end,
-                              "score": float(ent.get("score", 0.0))})
-            out.append(found)
+        for text, entities in zip(texts, raw, strict=True):
+            found = (_entity(text, ent) for ent in entities)
+            out.append([e for e in found if e is not None])
         return out
+
+
+def _entity(text: str, ent: dict[str, Any]) -> dict[str, Any] | None:
+    """One pipeline entity as {label, text, start, end, score}; None for a label outside PER/ORG/LOC/MISC."""
+    group = str(ent.get("entity_group") or ent.get("entity") or "").upper()
+    group = group.split("-", 1)[-1] if group[:2] in ("B-", "I-") else group
+    label = LABEL_ALIASES.get(group)
+    if label is None:
+        return None
+    start, end = ent.get("start"), ent.get("end")
+    surface = text[int(start):int(end)] if start is not None and end is not None else ent.get("word", "")
+    return {"label": label, "text": surface, "start": start, "end": end, "score": float(ent.get("score", 0.0))}
 
 
 TOKEN_CLASSIFICATION = EngineSpec(
