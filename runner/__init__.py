@@ -2,8 +2,16 @@
 
 Modules, one per concept:
 
-* ``supervisor``  the arbiter: one loop, a table of children, the registry row, the claim loop and the
-                  batched heartbeat; the only writer of lifecycle rows (never imports torch);
+* ``supervisor``  the arbiter: one loop of named phases over a table of children (never imports torch);
+                  its phases live in ``claims`` (claim, resolve once, ``record_start``, start a child),
+                  ``lease`` (heartbeat, self-fence, expiry, progress, notifications) and ``tending``
+                  (the children's messages, exits, deadlines), over the state of ``loop_state``;
+* ``run_state``   the state machine of one run in the table: phases, transitions, effects, deadlines;
+* ``finisher``    the one writer of terminal rows in the parent (``ledger.finish``);
+* ``children``    a table entry: the process, its channel, its output, its resources;
+* ``ledger_link`` every protocol statement of the supervisor, and the database's state;
+* ``signals``     the self-pipe that brings signals into the loop;
+* ``daemon``      how ``scrinalia-runner daemon`` starts;
 * ``child``       the child entry point shared by the daemon and the one-shot CLI;
 * ``forkserver``  a preloaded (torch, transformers, the catalogue; never CUDA) process that forks children;
 * ``launchers``   the launcher interface, exit reports, and plain spawn (used by the one-shot CLI);

@@ -6,12 +6,11 @@ It is started either by the fork server (forked from a preloaded interpreter) or
 1. becomes a session leader (the supervisor stops it and whatever it started with one ``killpg``; a
    terminal's Ctrl-C never reaches it), and dies with its parent: ``PR_SET_PDEATHSIG`` plus a thread
    that watches the parent's socket and kills the child's own process group on EOF;
-2. receives its assignment (the claimed ``WorkerRun``, how to reach the database) over that socket;
-3. re-resolves the request with ``spec.resolve`` and sends what will run; the *parent* writes it with
-   the fenced ``record_start`` and answers "start" (or "stop": the row was lost, nothing is written);
-4. runs the worker through ``RunContext``, reporting progress (throttled) and showing it in its process
+2. receives its assignment over that socket: the claimed ``WorkerRun``, its configuration as the
+   supervisor resolved it (and already wrote with the fenced ``record_start``), how to reach the database;
+3. runs the worker through ``RunContext``, reporting progress (throttled) and showing it in its process
    title (``scrinalia-runner: run 1a2b3c4d embedding batch 7/30``);
-5. sends its result (status, summary, error, metrics) and exits. It never writes the run's row: the
+4. sends its result (status, summary, error, metrics) and exits. It never writes the run's row: the
    parent writes the terminal status, fenced. A crash sends nothing; the parent reads the exit status.
 """
 from __future__ import annotations
@@ -33,10 +32,9 @@ import traceback
 from typing import Any, NoReturn
 
 from runner import procinfo, wire
-from runner.outcome import ERROR_MAX
+from runner.outcome import fit_error, format_error
 
 PR_SET_PDEATHSIG = 1
-EXIT_STOPPED = 75    # the parent said "stop" (record_start touched no row): nothing was written
 EXIT_ORPHANED = 76   # the parent was already gone at start, or went away
 EXIT_INTERNAL = 70   # the child's own machinery failed
 PROGRESS_INTERVAL = 0.1
@@ -149,17 +147,6 @@ class ParentLink:
             return f"batch {batch}{of}"
         return f"{done}{'/' + str(total) if isinstance(total, int) else ''} {p.get('unit') or 'units'}"
 
-    def wait_for_start(self) -> bool:
-        """Block until the parent says start (True) or stop (False)."""
-        while True:
-            kind, _ = wire.recv(self.sock)
-            if kind == "start":
-                return True
-            if kind == "stop":
-                return False
-            if kind == "cancel":
-                self._cancel.set()
-
     def watch_parent(self) -> None:
         threading.Thread(target=self._watch, name="parent-watch", daemon=True).start()
 
@@ -172,8 +159,6 @@ class ParentLink:
                 return
             if kind == "cancel":
                 self._cancel.set()
-            elif kind == "stop":
-                os._exit(EXIT_STOPPED)
 
     @staticmethod
     def _parent_gone() -> NoReturn:
@@ -185,16 +170,6 @@ class ParentLink:
 
 
 # --- errors --------------------------------------------------------------------------------------
-
-
-def format_error(exc: BaseException) -> str:
-    """``ExceptionClass: message`` on the first line (the fingerprint), then the traceback's tail."""
-    message = str(exc).strip().splitlines()
-    head = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
-    head = head[:500]
-    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    room = ERROR_MAX - len(head) - 1
-    return head if room <= 0 else f"{head}\n{trace[-room:]}"
 
 
 def _metrics(started: float | None, done: int) -> dict[str, Any]:
@@ -225,12 +200,6 @@ def _json_safe(value: Any) -> Any:
     return None if value is None else json.loads(json.dumps(value, default=str))
 
 
-def _resolved_payload(resolved: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(resolved):
-        return _json_safe(dataclasses.asdict(resolved))
-    return _json_safe(dict(vars(resolved)))
-
-
 # --- the entry point -----------------------------------------------------------------------------
 
 
@@ -250,6 +219,17 @@ def child_main(channel: socket.socket, *, catalogue: dict | None = None) -> NoRe
             os._exit(code)
 
 
+@dataclasses.dataclass(slots=True)
+class Ending:
+    """How the worker ended, as the child reports it (``("result", ...)``)."""
+
+    status: str | None = "SUCCESS"  # SUCCESS | FAILED | CANCELLED; None with lease_lost
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    reason: str | None = None       # "configuration": never retried
+    lease_lost: bool = False        # RunContext.commit found the lease gone: not a status, nothing is written
+
+
 def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     try:
         kind, assign = wire.recv(channel)
@@ -263,41 +243,48 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     os.environ.update(assign.get("env") or {})
     link = ParentLink(channel, run)
     link.retitle("starting")
-
-    from scrinalia.db.engine import ServerFacts, create_engine_from_url
-    from scrinalia.domains.archive.errors import InvalidRunRequest
-    from scrinalia.domains.archive.workers.sdk import (
-        DatabaseLayer,
-        DatabaseOutage,  # issue 9
-        LeaseLost,
-        PersistedSettings,
-        RunCancelled,
-        RunContext,
-        resolve_for_run,  # issue 9
-    )
-
     if catalogue is None:
         preload_modules(assign.get("preload") or ())
         from scrinalia.domains.archive.workers.plugins import load_catalogue
 
         catalogue = load_catalogue()
-
-    def fail(error: str) -> int:
-        # Only configuration reaches here (an unknown worker, a request the resolver refuses): a retry
-        # would fail the same way, so the outcome says so (exit_reason "configuration", never retried).
-        link.send("result", {"status": "FAILED", "error": error[:ERROR_MAX], "reason": "configuration",
-                             "metrics": _metrics(None, 0)})
-        return 1
-
     spec = catalogue.get(run.worker_name)
     if spec is None:
-        return fail(f"UnknownWorker: no worker named {run.worker_name!r} in this runner's catalogue")
+        # The supervisor's catalogue has it, this child's does not (a fork server whose catalogue did
+        # not load): a retry would fail the same way (exit_reason "configuration", never retried).
+        error = fit_error(f"UnknownWorker: no worker named {run.worker_name!r} in this child's catalogue")
+        _report(link, Ending(status="FAILED", error=error, reason="configuration"), None, 0)
+        return 1
 
-    # The engine connects on the first statement only (a worker that never reads the database beyond
-    # its settings opens one session), and its first connection asks the server nothing: the
-    # supervisor passed what the dialect would ask (ServerFacts).
+    from scrinalia.domains.archive.workers.sdk import RunContext
+
+    engine = _engine(assign)
+    resolved = assign["config"]  # the supervisor's resolution, already in the row (record_start)
+    link.batch_size = resolved.db_batch_size
+    link.watch_parent()
+    ctx = RunContext(run, resolved, engine, link, spec=spec)
+    started = None
+    if link.cancel_requested():
+        ending = Ending(status="CANCELLED", result={"done": 0, "cancelled": "before the worker started"})
+    else:
+        link.retitle("running")
+        started = time.monotonic()
+        # The worker's own stall timeout, if it declares one (runner.stall); None: the runner's.
+        link.send("started", {"t": started, "stall_timeout": getattr(spec, "stall_timeout", None)})
+        ending = _run_worker(spec, ctx)
+    _report(link, ending, started, ctx.done)
+    engine.dispose()
+    return 0 if ending.status in ("SUCCESS", "CANCELLED") else 1
+
+
+def _engine(assign: dict[str, Any]) -> Any:
+    """The child's engine. It connects on the first statement only (a worker that never reads the
+    database opens no session), and its first connection asks the server nothing: the supervisor passed
+    what the dialect would ask (ServerFacts, decision 0073)."""
+    from scrinalia.db.engine import ServerFacts, create_engine_from_url
+
     facts = assign.get("server_facts")
-    engine = create_engine_from_url(
+    return create_engine_from_url(
         assign["database_url"],
         application_name="scrinalia-runner-child",
         pool_size=2,
@@ -305,64 +292,38 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
         connect_args=assign.get("connect_args") or {},
         server_facts=ServerFacts.from_json(facts) if facts else None,
     )
-    # The supervisor read the worker's persisted settings (the resolver's database part) on its own warm
-    # connection; an LLM_CHECK worker still reads its rule here, at claim.
-    known = assign.get("persisted_settings")
-    layer = None
-    if known is not None and spec.engine_source != "llm_check_rule":
-        layer = DatabaseLayer(settings={run.worker_name: PersistedSettings.from_row(known["row"])})
-    try:
-        resolved = resolve_for_run(spec, engine, run, layer)  # issue 9: a short outage is retried
-    except DatabaseOutage as exc:  # issue 9: an outage is not a configuration failure
-        link.send("result", {"status": "FAILED", "error": format_error(exc)[:ERROR_MAX], "reason": None,
-                             "metrics": _metrics(None, 0)})
-        return 1
-    except Exception as exc:
-        return fail(format_error(exc))
-    link.batch_size = getattr(resolved, "db_batch_size", None)
-    link.send("resolved", _resolved_payload(resolved))
-    if not link.wait_for_start():
-        return EXIT_STOPPED
-    link.watch_parent()
+
+
+def _run_worker(spec: Any, ctx: Any) -> Ending:
+    from scrinalia.domains.archive.errors import InvalidRunRequest
+    from scrinalia.domains.archive.workers.sdk import LeaseLost, RunCancelled
 
     try:
-        ctx = RunContext(run, resolved, engine, link, spec=spec)
-    except TypeError:  # an SDK whose RunContext takes no spec
-        ctx = RunContext(run, resolved, engine, link)
-    status, result, error, reason = "SUCCESS", None, None, None
-    started = None
-    if link.cancel_requested():
-        status, result = "CANCELLED", {"done": 0, "cancelled": "before the worker started"}
-    else:
-        link.retitle("running")
-        started = time.monotonic()
-        # The worker's own stall timeout, if it declares one (runner.stall); None: the runner's.
-        link.send("started", {"t": started, "stall_timeout": getattr(spec, "stall_timeout", None)})
-        try:
-            out = spec.run(ctx)
-            result = dict(out) if out is not None else dict(ctx.result)
-        except RunCancelled as exc:
-            status = "CANCELLED"
-            result = {**ctx.result, "done": ctx.done, "cancelled": str(exc) or "at a batch boundary"}
-        except LeaseLost as exc:
-            status, error = "LEASE_LOST", format_error(exc)
-        except BaseException as exc:  # a database error, KeyboardInterrupt, SystemExit too: the run failed
-            status, error, result = "FAILED", format_error(exc), dict(ctx.result) or None
-            if isinstance(exc, InvalidRunRequest):  # e.g. EngineUnavailable: no model where the options say
-                reason = "configuration"
-    link.send(
-        "result",
-        {
-            "status": status,
-            "result": _json_safe(result),
-            "error": error,
-            "reason": reason,
-            "progress": link.progress,
-            "metrics": _metrics(started, ctx.done),
-        },
-    )
-    engine.dispose()
-    return 0 if status in ("SUCCESS", "CANCELLED") else 1
+        out = spec.run(ctx)
+        return Ending(result=dict(out) if out is not None else dict(ctx.result))
+    except RunCancelled as exc:
+        return Ending(status="CANCELLED",
+                      result={**ctx.result, "done": ctx.done, "cancelled": str(exc) or "at a batch boundary"})
+    except LeaseLost as exc:
+        # Not a status: the row may not be ours any more. The supervisor writes nothing for it; its next
+        # heartbeat says whether the row is still held.
+        return Ending(status=None, error=format_error(exc), lease_lost=True)
+    except BaseException as exc:  # a database error, KeyboardInterrupt, SystemExit too: the run failed
+        # An InvalidRunRequest (e.g. EngineUnavailable: no model where the options say) is configuration.
+        return Ending(status="FAILED", error=format_error(exc), result=dict(ctx.result) or None,
+                      reason="configuration" if isinstance(exc, InvalidRunRequest) else None)
+
+
+def _report(link: ParentLink, ending: Ending, started: float | None, done: int) -> None:
+    link.send("result", {
+        "status": ending.status,
+        "result": _json_safe(ending.result),
+        "error": ending.error,
+        "reason": ending.reason,
+        "lease_lost": ending.lease_lost,
+        "progress": link.progress,
+        "metrics": _metrics(started, done),
+    })
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from runner import options as opts
-from runner.options import OptionsError, RunnerOptions
+from runner.options import OptionsError
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -132,164 +132,24 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
                max_runtime, cancel_grace, kill_grace, preload, start_method, socket_path, log_level,
                listen=None, listen_poll=10.0, stall_timeout=opts.DEFAULT_STALL_TIMEOUT) -> int:
     setup_logging(log_level)
-    from runner.wakeup import listen_default
+    from runner.daemon import daemon_catalogue, daemon_control, daemon_engine, daemon_options_from, serve_daemon
 
-    if listen is None:
-        listen = listen_default()
-
-    try:
-        options = RunnerOptions(
-            name=name,
-            capabilities=opts.parse_list(capabilities) or None,
-            concurrency=concurrency,
-            devices=devices,
-            per_device=per_device,
-            heartbeat_seconds=heartbeat,
-            lease_seconds=lease,
-            poll_seconds=poll,
-            listen=listen,
-            listen_poll_seconds=listen_poll,
-            drain_timeout=drain_timeout,
-            max_runtime=max_runtime,
-            cancel_grace=cancel_grace,
-            kill_grace=kill_grace,
-            stall_timeout=stall_timeout,
-            preload=opts.parse_list(preload),
-            start_method=start_method,
-            socket_path=socket_path or opts.default_socket_path(name),
-        ).validate()
-    except OptionsError as exc:
-        raise click.UsageError(str(exc)) from None
-
-    settings, url = _parent_settings()
-
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from runner.control import ControlServer, ControlSocketBusy, ControlSocketUnsafe
-    from runner.database import SchemaBehind, check_schema, child_connect_args, parent_engine, registration
-    from runner.devices import DeviceError, DevicePlanner, GpuProbe, inventory, needs_of, parse_devices
-    from runner.forkserver import ForkServerError, ForkServerLauncher
-    from runner.launchers import SpawnLauncher
-    from runner.sdnotify import Notifier
-    from runner.supervisor import Supervisor
-    from scrinalia.db.errors import database_problem
-    from scrinalia.domains.archive.workers.plugins import PluginError, load_catalogue
-
-    try:
-        catalogue = load_catalogue()
-    except (PluginError, ImportError) as exc:
-        _fail(1, f"the worker catalogue cannot be loaded: {exc}")
-    if options.capabilities is None:
-        capabilities = sorted(catalogue)
-    else:
-        unknown = [c for c in options.capabilities if c not in catalogue]
-        if unknown:
-            raise click.UsageError(
-                f"--capabilities names workers that are not in the catalogue: {', '.join(unknown)} "
-                f"(known: {', '.join(sorted(catalogue)) or 'none'})"
-            )
-        capabilities = list(options.capabilities)
-    if not capabilities:
-        _fail(opts.EXIT_USAGE, "no worker to claim: the catalogue is empty and --capabilities is not set")
-
-    engine = parent_engine(url, options, settings)
-    try:
-        revision = check_schema(engine)
-    except SchemaBehind as exc:
-        log.error("%s", exc)
-        engine.dispose()
-        return opts.EXIT_SCHEMA_BEHIND
-    except SQLAlchemyError as exc:
-        log.error("%s", database_problem(exc))
-        engine.dispose()
-        return opts.EXIT_DATABASE
-
-    assert options.socket_path is not None, "run_daemon sets the default socket path"
-    control = ControlServer(options.socket_path)
-    try:
-        control.open()
-    except ControlSocketBusy as exc:
-        log.error("%s", exc)
-        engine.dispose()
-        return opts.EXIT_ALREADY_RUNNING
-    except ControlSocketUnsafe as exc:
-        log.error("control socket: %s", exc)
-        engine.dispose()
-        return opts.EXIT_USAGE
-
-    gpu = GpuProbe()
-    nvml_devices = gpu.devices()
-    try:
-        owned = inventory(parse_devices(options.devices), nvml_devices)
-    except DeviceError as exc:
-        gpu.close()
-        control.close()
-        engine.dispose()
-        raise click.UsageError(str(exc)) from None
-    planner = DevicePlanner(owned, options.per_device, needs_of({c: catalogue[c] for c in capabilities}),
-                            free_memory=gpu.free_memory)
-    _log_devices(options, planner, nvml_devices)
-    launcher: ForkServerLauncher | SpawnLauncher
-    if options.start_method == "forkserver":
-        launcher = ForkServerLauncher(options.preload, title=f"scrinalia-runner: fork server {options.name}")
-    else:
-        launcher = SpawnLauncher(preload=options.preload)
-    sup = Supervisor(
-        options,
-        engine=engine,
-        database_url=url.render(),
-        child_connect_args=child_connect_args(settings, options),
-        launcher=launcher,
-        registration=registration(options, capabilities, kind="daemon", schema_revision=revision,
-                                  devices=planner.registry_devices(nvml_devices)),
-        mode="daemon",
-        notifier=Notifier(),
-        gpu=gpu,
-        devices=planner,
-        control=control,
-        wakeup=_wakeup(options, engine, capabilities, settings),
+    options = daemon_options_from(
+        name=name, capabilities=capabilities, concurrency=concurrency, devices=devices, per_device=per_device,
+        heartbeat=heartbeat, lease=lease, poll=poll, drain_timeout=drain_timeout, max_runtime=max_runtime,
+        cancel_grace=cancel_grace, kill_grace=kill_grace, preload=preload, start_method=start_method,
+        socket_path=socket_path, listen=listen, listen_poll=listen_poll, stall_timeout=stall_timeout,
     )
-    try:
-        sup.open()
-        code = sup.serve()
-        log.info("stopped (runner %s)", sup.runner_id)
+    settings, url = _parent_settings()
+    catalogue, capabilities = daemon_catalogue(options)
+    engine, revision, code = daemon_engine(url, options, settings)
+    if engine is None:
         return code
-    except ForkServerError as exc:
-        log.error("%s", exc)
-        return 1
-    except SQLAlchemyError as exc:
-        log.error("%s", database_problem(exc))
-        return opts.EXIT_DATABASE
-    finally:
-        sup.close()
+    control, code = daemon_control(options)
+    if control is None:
         engine.dispose()
-
-
-def _wakeup(options: RunnerOptions, engine: Any, capabilities: list[str], settings: Any) -> Any:
-    """The LISTEN connection of pick-up on notification, or None with --no-listen."""
-    if not options.listen:
-        log.info("not listening for notifications (--no-listen): claiming every %gs", options.poll_seconds)
-        return None
-    from runner.wakeup import Wakeup
-    from scrinalia.db.engine import connect_args_for
-
-    args = connect_args_for(settings, "scrinalia-runner-listen")
-    return Wakeup.for_engine(engine, capabilities, **args)
-
-
-def _log_devices(options: RunnerOptions, planner: Any, nvml_devices: list[dict[str, Any]]) -> None:
-    """Say at start which GPUs the children get, and what cannot work with them."""
-    if not planner.devices:
-        why = ("--devices none" if options.devices == "none"
-               else "NVML lists no GPU (no driver, no device, or nvidia-ml-py missing)")
-        log.info("devices: none (%s): every child runs with CUDA_VISIBLE_DEVICES='' (GPU workers on CPU)", why)
-        return
-    log.info("devices: %s, %d child(ren) per device (%d device slots, --concurrency %d)%s",
-             ", ".join(d.key for d in planner.devices), planner.per_device, planner.slots, options.concurrency,
-             "" if nvml_devices else "; NVML does not answer: no memory rule, the slots alone decide")
-    for worker in planner.unfit_workers():
-        log.warning("worker %s declares %d bytes of GPU memory, more than any device of this runner has: "
-                    "it is never claimed here", worker, planner.need(worker).memory_bytes)
+        return code
+    return serve_daemon(options, settings, url, (engine, revision), control, catalogue, capabilities)
 
 
 # --- status -----------------------------------------------------------------------------------------
@@ -304,15 +164,20 @@ def _log_devices(options: RunnerOptions, planner: Any, nvml_devices: list[dict[s
 @click.option("--name", default=None, help="The local runner with this --name.")
 def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, name: str | None) -> None:
     """Show the local supervisor's children (over its control socket), or the registry with --all."""
-    if all_runners:
-        _registry_status(as_json)
-    else:
-        _local_status(as_json, socket_path, name)
-
-
-def _registry_status(as_json: bool) -> None:
-    """Every runner of the registry, from the database."""
     from runner import status
+
+    if all_runners:
+        rows = _registry_rows()
+        click.echo(status.dumps([status.runner_row_json(r) for r in rows]) if as_json else status.render_registry(rows))
+        return
+    answers = _local_answers(socket_path, name)
+    if as_json:
+        click.echo(status.dumps(answers))
+    else:
+        click.echo("\n\n".join(status.render_status(a) for a in answers))
+
+
+def _registry_rows() -> list[Any]:
     from scrinalia.db.engine import runner_engine
     from scrinalia.db.errors import database_errors, database_problem
     from scrinalia.domains.archive import registry
@@ -324,20 +189,16 @@ def _registry_status(as_json: bool) -> None:
     except Exception as exc:
         _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
     try:
-        rows = registry.list_runners(engine)
+        return registry.list_runners(engine)
     except database_errors() as exc:  # one line, never a traceback (exit 5)
         _fail(opts.EXIT_DATABASE, database_problem(exc))
     finally:
         engine.dispose()
-    if as_json:
-        click.echo(status.dumps([status.runner_row_json(r) for r in rows]))
-    else:
-        click.echo(status.render_registry(rows))
 
 
-def _local_status(as_json: bool, socket_path: Path | None, name: str | None) -> None:
-    """The children of the local supervisors that answer on their control sockets."""
-    from runner import control, status
+def _local_answers(socket_path: Path | None, name: str | None) -> list[dict[str, Any]]:
+    """The status of each local runner that answers (the one named, or every socket found)."""
+    from runner import control
 
     looked: list[str] = []
     if socket_path is not None:
@@ -357,10 +218,7 @@ def _local_status(as_json: bool, socket_path: Path | None, name: str | None) -> 
     if not answers:
         _fail(1, "no runner answers; looked in " + "; ".join(looked)
               + " (use --socket PATH, or --all for the registry)")
-    if as_json:
-        click.echo(status.dumps(answers))
-    else:
-        click.echo("\n\n".join(status.render_status(a) for a in answers))
+    return answers
 
 
 def _sockets_in(directories: list[Path]) -> tuple[list[Path], list[str]]:
@@ -404,16 +262,21 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
     Exit: 0 SUCCESS, 1 FAILED, 2 usage, 3 the worker's slot is busy, 4 schema behind, 130 cancelled.
     """
     setup_logging(log_level)
-    request = _request_of(engine_name, preset, db_batch_size, option_pairs)
-    row = _run_once_or_exit(worker, request, requested_by=requested_by, lease_seconds=lease,
-                            heartbeat_seconds=heartbeat, max_runtime=max_runtime)
-    _print_row(row, as_json)
-    sys.exit(_exit_code(row))
+    request = _run_request(engine_name, preset, db_batch_size, option_pairs)
+    settings, url = _parent_settings()
+    row = _run_once(url, settings, worker, request, requested_by=requested_by, lease_seconds=lease,
+                    heartbeat_seconds=heartbeat, max_runtime=max_runtime)
+    _print_run(row, as_json)
+    if row.status == "SUCCESS":
+        sys.exit(opts.EXIT_OK)
+    if row.status == "CANCELLED" or (row.status == "INTERRUPTED" and row.exit_reason == "runner-stopped"):
+        sys.exit(opts.EXIT_CANCELLED)
+    sys.exit(opts.EXIT_FAILED)
 
 
-def _request_of(engine_name: str | None, preset: str | None, db_batch_size: int | None,
-                option_pairs: tuple[str, ...]) -> dict[str, Any]:
-    """The run request of the command line: only what was given (the rest resolves as for any run)."""
+def _run_request(engine_name: str | None, preset: str | None, db_batch_size: int | None,
+                 option_pairs: tuple[str, ...]) -> dict[str, Any]:
+    """The run's request from the command line (validated later, by the shared validation)."""
     from runner.oneshot import parse_option
 
     options: dict[str, Any] = {}
@@ -423,12 +286,17 @@ def _request_of(engine_name: str | None, preset: str | None, db_batch_size: int 
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         options[key] = value
-    given = {"engine_name": engine_name, "preset": preset, "db_batch_size": db_batch_size, "options": options or None}
-    return {k: v for k, v in given.items() if v is not None}
+    request: dict[str, Any] = {}
+    for key, value in (("engine_name", engine_name), ("preset", preset), ("db_batch_size", db_batch_size)):
+        if value is not None:
+            request[key] = value
+    if options:
+        request["options"] = options
+    return request
 
 
-def _run_once_or_exit(worker: str, request: dict[str, Any], **run_options: Any) -> Any:
-    """``run_once`` with a progress bar; a refusal before the run started exits with its code."""
+def _run_once(url: Any, settings: Any, worker: str, request: dict[str, Any], **kwargs: Any) -> Any:
+    """``run_once`` with a progress bar; each refusal before the run starts exits with its code."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from runner.database import SchemaBehind
@@ -436,7 +304,6 @@ def _run_once_or_exit(worker: str, request: dict[str, Any], **run_options: Any) 
     from scrinalia.db.errors import database_problem
     from scrinalia.domains.archive.errors import InvalidRunRequest, WorkerRunAlreadyActive
 
-    settings, url = _parent_settings()
     bar = ProgressBar()
 
     def started(run) -> None:
@@ -444,7 +311,7 @@ def _run_once_or_exit(worker: str, request: dict[str, Any], **run_options: Any) 
 
     try:
         return run_once(url, worker, request, settings=settings, on_progress=bar.update, on_start=started,
-                        handle_signals=True, **run_options)
+                        handle_signals=True, **kwargs)
     except InvalidRunRequest as exc:  # UnknownWorker, UnknownOption, ... are InvalidRunRequest too
         _fail(opts.EXIT_USAGE, str(exc))
     except WorkerRunAlreadyActive as exc:
@@ -461,7 +328,7 @@ def _run_once_or_exit(worker: str, request: dict[str, Any], **run_options: Any) 
         bar.close()
 
 
-def _print_row(row: Any, as_json: bool) -> None:
+def _print_run(row: Any, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(row.to_json(), indent=2, default=str))
         return
@@ -475,15 +342,6 @@ def _print_row(row: Any, as_json: bool) -> None:
         click.echo(row.error.splitlines()[0], err=True)
     if row.result:
         click.echo(json.dumps(row.result, default=str))
-
-
-def _exit_code(row: Any) -> int:
-    """0 SUCCESS, 130 cancelled (or stopped with the runner: the operator's Ctrl-C), 1 anything else."""
-    if row.status == "SUCCESS":
-        return opts.EXIT_OK
-    if row.status == "CANCELLED" or (row.status == "INTERRUPTED" and row.exit_reason == "runner-stopped"):
-        return opts.EXIT_CANCELLED
-    return opts.EXIT_FAILED
 
 
 def main() -> None:

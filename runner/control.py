@@ -153,7 +153,7 @@ class ControlServer:
             deadline = limit()  # the answer's own budget: the handler's time is not the client's
             conn.settimeout(left())
             conn.sendall(json.dumps(answer, default=str).encode() + b"\n")
-        except (OSError, socket.timeout) as exc:
+        except (TimeoutError, OSError) as exc:
             log.debug("control client dropped: %s", exc)
 
     def close(self) -> None:

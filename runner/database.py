@@ -12,7 +12,6 @@ from sqlalchemy import Engine
 
 from runner import bounded
 from runner.options import RunnerOptions
-
 from scrinalia import __version__
 from scrinalia.db import migrate
 from scrinalia.db.engine import connect_args_for, create_engine_from_url

@@ -68,10 +68,10 @@ def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title:
     except Exception as exc:  # the children load it themselves and report the error on their runs
         catalogue, catalogue_error = None, f"{type(exc).__name__}: {exc}"
     # Modules a child needs anyway, imported once here.
-    import sqlalchemy.dialects.postgresql  # noqa: F401
     import psycopg  # noqa: F401
+    import sqlalchemy.dialects.postgresql  # noqa: F401
 
-    import scrinalia.db.engine  # noqa: F401
+    import scrinalia.db.engine
     import scrinalia.domains.archive.workers.sdk  # noqa: F401
 
     torch = sys.modules.get("torch")

@@ -28,7 +28,7 @@ class ChildExit:
     cpu_seconds: float | None
 
     @classmethod
-    def from_wait(cls, pid: int, status: int, rusage) -> "ChildExit":
+    def from_wait(cls, pid: int, status: int, rusage) -> ChildExit:
         code = sig = None
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)

@@ -53,54 +53,53 @@ def run_once(
     ``handle_signals`` (the CLI; main thread only): Ctrl-C cancels, a second Ctrl-C kills.
     """
     options = RunnerOptions(
-        name=f"cli:{requested_by or _user()}",
-        capabilities=(worker_name,),
-        concurrency=1,
-        heartbeat_seconds=heartbeat_seconds,
-        lease_seconds=lease_seconds,
-        max_runtime=max_runtime,
-        cancel_grace=cancel_grace,
-        start_method="spawn",
-        preload=preload,
+        name=f"cli:{requested_by or _user()}", capabilities=(worker_name,), concurrency=1,
+        heartbeat_seconds=heartbeat_seconds, lease_seconds=lease_seconds, max_runtime=max_runtime,
+        cancel_grace=cancel_grace, start_method="spawn", preload=preload,
     ).validate()
     url = database_url if isinstance(database_url, DatabaseUrl) else DatabaseUrl(database_url)
     engine = parent_engine(url, options, settings)
     try:
         revision = check_schema(engine)
         # The shared validation (the API's, the scheduler's): a refused request writes nothing.
-        clean = validate_run_request(load_catalogue(), engine, worker_name, request)
+        catalogue = load_catalogue()
+        clean = validate_run_request(catalogue, engine, worker_name, request)
         # A crashed earlier CLI run would hold the slot until its lease is expired: repair first.
         ledger.expire_leases(engine)
         sup = Supervisor(
-            options,
-            engine=engine,
-            database_url=url.render(),
-            child_connect_args=child_connect_args(settings, options),
-            launcher=SpawnLauncher(preload=preload),
+            options, engine=engine, database_url=url.render(), child_connect_args=child_connect_args(settings, options),
+            launcher=SpawnLauncher(preload=preload), mode="oneshot", install_signals=handle_signals,
             registration=registration(options, [worker_name], kind="cli", schema_revision=revision),
-            mode="oneshot",
             on_progress=(lambda child: on_progress(dict(child.progress or {}))) if on_progress else None,
-            install_signals=handle_signals,
+            catalogue=catalogue,
         )
-        sup.open()
-        try:
-            run = ledger.create_running(
-                engine, worker_name, clean, runner_id=sup.runner_id, lease_seconds=lease_seconds,
-                requested_by=requested_by or _user(),
-            )
-            if on_start is not None:
-                on_start(run)
-            sup.adopt(run)
-            sup.serve()
-            final = sup.finished.get(run.run_id)
-            if final is None:
-                final = ledger.get_run(engine, run.run_id)
-            assert final is not None
-            return final
-        finally:
-            sup.close()
+        run = {"worker_name": worker_name, "request": clean, "lease_seconds": lease_seconds,
+               "requested_by": requested_by or _user()}
+        return _run_in(sup, run, on_start)
     finally:
         engine.dispose()
+
+
+def _run_in(sup: Supervisor, what: dict[str, Any], on_start: Callable[[WorkerRun], None] | None) -> WorkerRun:
+    """Create the RUNNING row under ``sup``'s runner id, run it through ``sup``'s loop, return its final row."""
+    engine = sup.db.engine
+    sup.open()
+    try:
+        run = ledger.create_running(
+            engine, what["worker_name"], what["request"], runner_id=sup.runner_id,
+            lease_seconds=what["lease_seconds"], requested_by=what["requested_by"],
+        )
+        if on_start is not None:
+            on_start(run)
+        sup.adopt(run)
+        sup.serve()
+        final = sup.finished.get(run.run_id)
+        if final is None:
+            final = ledger.get_run(engine, run.run_id)
+        assert final is not None
+        return final
+    finally:
+        sup.close()
 
 
 def _user() -> str:

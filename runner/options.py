@@ -51,7 +51,7 @@ class RunnerOptions:
     per_device: int = 1     # children sharing one device
     stall_timeout: float = DEFAULT_STALL_TIMEOUT  # 0: never (a worker's WorkerSpec.stall_timeout wins)
 
-    def validate(self) -> "RunnerOptions":
+    def validate(self) -> RunnerOptions:
         if not self.name or not self.name.strip():
             raise OptionsError("--name must not be empty")
         if self.concurrency < 1:

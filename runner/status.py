@@ -60,19 +60,19 @@ def supervisor_status(sup: Any) -> dict[str, Any]:
         "hostname": sup.registration.hostname,
         "pid": os.getpid(),
         "version": sup.registration.package_version,
-        "started_at": datetime.fromtimestamp(sup.started_wall, UTC).isoformat(),
-        "uptime_seconds": round(now - sup.started_mono, 3),
+        "started_at": datetime.fromtimestamp(sup.uptime.wall, UTC).isoformat(),
+        "uptime_seconds": round(now - sup.uptime.mono, 3),
         "state": sup.state,
-        "draining": sup.draining,
-        "drain_reason": sup.drain_reason,
-        "drain_deadline_seconds": round(max(0.0, sup.drain_deadline - now), 3)
-        if sup.draining and sup.drain_deadline is not None else None,
+        "draining": sup.drain.draining,
+        "drain_reason": sup.drain.reason,
+        "drain_deadline_seconds": round(max(0.0, sup.drain.deadline - now), 3)
+        if sup.drain.draining and sup.drain.deadline is not None else None,
         "database": {
-            "state": sup.db_state,
-            "error": sup.db_error,
-            "last_heartbeat_age_seconds": round(now - sup.last_heartbeat_ok, 3)
-            if sup.last_heartbeat_ok is not None else None,
-            "statements": dict(sup.statements),
+            "state": sup.db.state,
+            "error": sup.db.error,
+            "last_heartbeat_age_seconds": round(now - sup.lease.last_ok, 3)
+            if sup.lease.last_ok is not None else None,
+            "statements": dict(sup.db.statements),
         },
         "lease_margin_seconds": round(margin, 3) if margin != float("inf") else None,
         "fence_margin_seconds": round(sup.options.fence_margin, 3),
@@ -119,21 +119,31 @@ def _progress(progress: Any) -> str:
 
 
 def render_status(status: dict[str, Any]) -> str:
-    return "\n".join(_summary_lines(status) + _device_lines(status) + _child_lines(status))
+    lines = _header_lines(status)
+    for d in status.get("devices") or []:
+        lines.append(f"  GPU {_device(d)}  {d.get('name') or ''}  {len(d['children'])}/{d['slots']} slots busy"
+                     + (f"  {_bytes(d['memory_total_bytes'])}" if d.get("memory_total_bytes") else ""))
+    if status["children"]:
+        lines.append(f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} "
+                     f"{'RSS':>10} {'GPU':>10}  DEVICE")
+        lines.extend(_child_line(c) for c in status["children"])
+    else:
+        lines.append("  no children")
+    return "\n".join(lines)
 
 
-def _summary_lines(status: dict[str, Any]) -> list[str]:
+def _header_lines(status: dict[str, Any]) -> list[str]:
     db = status["database"]
     margin = status["lease_margin_seconds"]
+    draining = (f" ({status['drain_reason']}, {status['drain_deadline_seconds']:.0f}s left)"
+                if status["draining"] else "")
+    age = db["last_heartbeat_age_seconds"]
     return [
         f"runner {status['name']}  id {status['runner_id']}  pid {status['pid']}  on {status['hostname']}"
         f"  version {status['version']}",
-        f"  state {status['state']}"
-        + (f" ({status['drain_reason']}, {status['drain_deadline_seconds']:.0f}s left)" if status["draining"] else "")
-        + f"  up {status['uptime_seconds']:.0f}s",
+        f"  state {status['state']}{draining}  up {status['uptime_seconds']:.0f}s",
         f"  database {db['state']}" + (f" ({db['error']})" if db["error"] else "")
-        + (f"  last heartbeat {db['last_heartbeat_age_seconds']:.1f}s ago" if db["last_heartbeat_age_seconds"]
-           is not None else "")
+        + (f"  last heartbeat {age:.1f}s ago" if age is not None else "")
         + (f"  lease margin {margin:.1f}s" if margin is not None else ""),
         f"  {len(status['children'])}/{status['concurrency']} busy  capabilities {','.join(status['capabilities'])}"
         f"  launcher {status['launcher'].get('start_method')}",
@@ -141,24 +151,11 @@ def _summary_lines(status: dict[str, Any]) -> list[str]:
     ]
 
 
-def _device_lines(status: dict[str, Any]) -> list[str]:
-    return [f"  GPU {_device(d)}  {d.get('name') or ''}  {len(d['children'])}/{d['slots']} slots busy"
-            + (f"  {_bytes(d['memory_total_bytes'])}" if d.get("memory_total_bytes") else "")
-            for d in status.get("devices") or []]
-
-
-def _child_lines(status: dict[str, Any]) -> list[str]:
-    if not status["children"]:
-        return ["  no children"]
-    header = (f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} "
-              f"{'RSS':>10} {'GPU':>10}  DEVICE")
-    return [header] + [
-        f"  {c['pid']:>7}  {c['run_id']:<36}  {c['worker'][:20]:<20} {c['phase']:<9} "
-        f"{c['elapsed_seconds']:>7.1f}s  {_progress(c['progress'])[:18]:<18} {_bytes(c['rss_bytes']):>10} "
-        f"{_bytes(c['gpu_memory_bytes']):>10}  {_device(c.get('device'))}"
-        + ("  cancel requested" if c["cancel_requested"] else "")
-        for c in status["children"]
-    ]
+def _child_line(c: dict[str, Any]) -> str:
+    return (f"  {c['pid']:>7}  {c['run_id']:<36}  {c['worker'][:20]:<20} {c['phase']:<9} "
+            f"{c['elapsed_seconds']:>7.1f}s  {_progress(c['progress'])[:18]:<18} {_bytes(c['rss_bytes']):>10} "
+            f"{_bytes(c['gpu_memory_bytes']):>10}  {_device(c.get('device'))}"
+            + ("  cancel requested" if c["cancel_requested"] else ""))
 
 
 def runner_row_json(row: Any) -> dict[str, Any]:

@@ -6,14 +6,14 @@ frame is a 4-byte length and a pickle (a ``WorkerRun`` crosses unchanged). Messa
 
 Parent <-> child (SOCK_STREAM):
 
-    parent -> child   ("assign", {...})        the run, how to reach the database, the preload list
-                      ("start", {})            record_start landed: run the worker
-                      ("stop", {"reason"})     record_start touched no row: exit, write nothing
+    parent -> child   ("assign", {...})        the run, its resolved config (already written by record_start),
+                                               how to reach the database, the preload list
                       ("cancel", {})           cancellation requested: stop at the next batch boundary
-    child -> parent   ("resolved", {...})      spec.resolve(...) said what will run
-                      ("started", {"t"})       the worker's code is about to run (CLOCK_MONOTONIC)
+    child -> parent   ("started", {"t"})       the worker's code is about to run (CLOCK_MONOTONIC)
                       ("progress", {...})      done/total/unit (throttled)
-                      ("result", {...})        status, result, error, metrics; the child exits next
+                      ("result", {...})        status, result, error, reason, metrics; the child exits
+                                               next. ``lease_lost`` True (status None): RunContext.commit
+                                               found the lease gone; the supervisor writes nothing
 """
 from __future__ import annotations
 

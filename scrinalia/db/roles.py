@@ -107,7 +107,7 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
     TableGrant("archive_batch_fences", insert=("run_id", "runner_id"), delete=True,
                why="ledger.register_batch_fence (the SDK's commit) inserts the fence; its trigger at COMMIT "
                    "(migration 0008, run as the invoker) deletes it"),
-    TableGrant("archive_worker_settings", why="the child resolves the run's effective settings"),
+    TableGrant("archive_worker_settings", why="the supervisor resolves the run's effective settings at claim"),
     TableGrant("archive_cleaning_rules", why="cleaning's REWRITE rules, quality's VALIDATE and LLM_CHECK rules"),
     TableGrant("archive_typologies", why="typology's active typologies"),
     TableGrant("archive_entity_stopwords", why="ner's filters"),

@@ -6,6 +6,8 @@ use Core constructs. The protocol's own statements are written as visible SQL in
 """
 from __future__ import annotations
 
+from enum import StrEnum
+
 from sqlalchemy import (
     REAL,
     BigInteger,
@@ -40,20 +42,32 @@ RUN_STATUSES = ("QUEUED", "RUNNING", "SUCCESS", "FAILED", "INTERRUPTED", "CANCEL
 ACTIVE_STATUSES = ("QUEUED", "RUNNING")
 TERMINAL_STATUSES = ("SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED")
 RUN_TRIGGERS = ("CLI", "API", "SCHEDULE")
-EXIT_REASONS = (
-    "exception",
-    "signal",
-    "oom",
-    "timeout",
-    "lease-lost",
-    "runner-stopped",
-    "cancelled",
-    "cancel-forced",
-    "configuration",
-    "cuda-error",  # migration 0004: a CUDA error killed the run (device-side assert, illegal access, ...)
-    "cuda-oom",    # migration 0004: CUDA out of memory (not the kernel's OOM killer: that is "oom")
-    "stalled",     # migration 0011: no message and no CPU work for the stall timeout (runner.stall)
-)
+
+
+class ExitReason(StrEnum):
+    """Why a run ended (``archive_worker_runs.exit_reason``): ONE vocabulary for the two places that decide
+    a run's end. The runner's parent decides most of them (``runner.finisher.Finisher`` through
+    ``runner.outcome.decide``); two protocol statements of the ledger decide the others in SQL, each
+    naming its reason from here (``SQL_DECIDED_EXIT_REASONS``). docs/architecture.md has the table."""
+
+    EXCEPTION = "exception"            # the worker raised (or the child exited without a result)
+    SIGNAL = "signal"                  # a signal killed the child (not one the runner sent for a reason)
+    OOM = "oom"                        # the kernel's OOM killer (the cgroup's oom_kill counter moved)
+    TIMEOUT = "timeout"                # over --max-runtime
+    LEASE_LOST = "lease-lost"          # the lease ended before the run did (SQL: expire_leases)
+    RUNNER_STOPPED = "runner-stopped"  # the runner stopped (drain timeout, operator interrupt)
+    CANCELLED = "cancelled"            # cancelled at a batch boundary (SQL: request_cancel of a QUEUED run)
+    CANCEL_FORCED = "cancel-forced"    # did not stop within --cancel-grace of the request
+    CONFIGURATION = "configuration"    # the request does not resolve / the engine cannot load: never retried
+    CUDA_ERROR = "cuda-error"          # migration 0004: a CUDA error (device-side assert, illegal access, ...)
+    CUDA_OOM = "cuda-oom"              # migration 0004: CUDA out of memory (not the kernel's OOM killer)
+    STALLED = "stalled"                # migration 0011: no message and no CPU work for the stall timeout
+
+
+EXIT_REASONS = tuple(reason.value for reason in ExitReason)
+# The statements of the ledger that end a run in SQL, and the reason each writes.
+SQL_DECIDED_EXIT_REASONS = {"expire_leases": ExitReason.LEASE_LOST, "request_cancel": ExitReason.CANCELLED}
+
 USER_ROLES = ("ADMIN", "CURATOR", "VIEWER")
 DOCUMENT_STATUSES = ("DRAFT", "PUBLISHED", "NEEDS_REVIEW", "HUMAN_APPROVED")
 CLEANING_RULE_KINDS = ("REWRITE", "VALIDATE", "LLM_CHECK")

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+from typing import Any, cast
 
 import pytest
 
@@ -14,6 +15,8 @@ from runner.launchers import ChildExit
 from runner.options import OptionsError, RunnerOptions, default_socket_path, parse_list
 from runner.outcome import ERROR_MAX, decide, with_tail
 from runner.procinfo import oom_kill_counter, peak_rss_bytes, rss_bytes
+
+NOTHING: Any = None  # what a unit test of the loop passes where it needs no database or run
 
 
 def test_frames_survive_being_split_and_batched():
@@ -43,7 +46,8 @@ def test_options_refuse_a_lease_not_above_the_heartbeat_and_compute_the_fence_ma
 
 
 def _decide(**kw):
-    base = dict(worker="w", exit=ChildExit(1, None, signal.SIGKILL, 1, 0.1), result=None, kill_reason=None,
+    base: dict[str, Any] = dict(
+                worker="w", exit=ChildExit(1, None, signal.SIGKILL, 1, 0.1), result=None, kill_reason=None,
                 signals_sent=set(), stderr_tail="", oom_kills_before=0, oom_kills_after=0, max_runtime=None,
                 cancel_grace=60, drain_timeout=120)
     base.update(kw)
@@ -64,7 +68,7 @@ def test_an_unexpected_sigkill_is_an_oom_kill_when_the_cgroup_counter_moved():
 def test_a_result_wins_over_how_the_child_ended():
     out = _decide(result={"status": "SUCCESS", "result": {"n": 1}}, kill_reason="runner-stopped")
     assert out.status == "SUCCESS" and out.result == {"n": 1}
-    lost = _decide(result={"status": "LEASE_LOST", "error": "LeaseLost: x"})
+    lost = _decide(result={"status": None, "lease_lost": True, "error": "LeaseLost: x"})
     assert lost.write is False
 
 
@@ -116,10 +120,11 @@ def _idle_supervisor(**options):
     from runner.launchers import SpawnLauncher
     from runner.supervisor import Supervisor
 
-    sup = Supervisor(RunnerOptions(name="x", **options).validate(), engine=None, database_url="",
+    sup = Supervisor(RunnerOptions(name="x", **options).validate(), engine=NOTHING, database_url="",
                      child_connect_args={}, launcher=SpawnLauncher(),
-                     registration=SimpleNamespace(runner_id=uuid.uuid4(), capabilities=()), install_signals=False)
-    sup.next_heartbeat = sup.next_poll = time.monotonic() + 3600
+                     registration=cast(Any, SimpleNamespace(runner_id=uuid.uuid4(), capabilities=())),
+                     install_signals=False)
+    sup.timers.heartbeat = sup.timers.poll = time.monotonic() + 3600
     return sup
 
 
@@ -129,13 +134,13 @@ def test_a_child_s_phase_follows_what_it_said_and_what_it_was_sent():
     from runner.supervisor import Child
 
     a, b = socket.socketpair()
-    child = Child(run=None, pid=1, channel=a, output_fd=None, claimed_at=time.monotonic())
+    child = Child(run=NOTHING, pid=1, channel=a, output_fd=None, claimed_at=time.monotonic())
     assert child.phase == "starting" and child.reader.sock is a
-    child.ready_at = time.monotonic()
+    child.state.started(time.monotonic())
     assert child.phase == "running"
-    child.result = {"status": "SUCCESS"}
+    child.state.reported({"status": "SUCCESS"}, time.monotonic())
     assert child.phase == "finishing"
-    child.signals_sent.add(signal.SIGKILL)
+    child.state.stop(signal.SIGKILL, None, time.monotonic())
     assert child.phase == "stopping"
     a.close()
     b.close()
@@ -151,15 +156,16 @@ def test_a_deadline_that_calls_for_nothing_does_not_wake_the_loop():
     sup = _idle_supervisor(max_runtime=1, cancel_grace=1, kill_grace=30, drain_timeout=0)
     a, b = socket.socketpair()
     now = time.monotonic()
-    child = Child(run=None, pid=1, channel=a, output_fd=None, claimed_at=now - 60, cancel_sent_at=now - 60,
-                  result={"status": "SUCCESS"}, result_at=now)
+    child = Child(run=NOTHING, pid=1, channel=a, output_fd=None, claimed_at=now - 60)
+    child.state.request_cancel(now - 60)
+    child.state.reported({"status": "SUCCESS"}, now)
     sup.children[child.pid] = child
-    sup.draining, sup.drain_deadline = True, now - 60
+    sup.drain.draining, sup.drain.deadline = True, now - 60
     assert [at for at, _ in sup._child_deadlines(child)] == [now + 30]
     assert sup._timeout() > MAX_SELECT_WAIT / 2
-    child.result = child.result_at = None  # still working: every one of those is due now
+    child.state.result = child.state.result_at = None  # still working: every one of those is due now
     assert len(sup._child_deadlines(child)) == 3 and sup._timeout() == 0
-    child.lost = True  # SIGKILLed already: only its exit is awaited
+    child.state.lose(now)  # SIGKILLed already: only its exit is awaited
     assert sup._child_deadlines(child) == [] and sup._timeout() > MAX_SELECT_WAIT / 2
     a.close()
     b.close()

@@ -299,6 +299,45 @@ def run_sessions(ctx: RunContext) -> dict[str, Any]:
 ALL.append(_spec("sessions", run_sessions))
 
 
+def resolve_where(spec: WorkerSpec, engine: Any, request: Any) -> Any:
+    """A custom resolver that says which process ran it (the supervisor resolves at claim, once), and
+    refuses a request with ``options.refuse`` (a configuration error found at claim)."""
+    import dataclasses
+
+    from scrinalia.domains.archive.workers.sdk import InvalidOption, resolve_config
+
+    if (request.get("options") or {}).get("refuse"):
+        raise InvalidOption("options.refuse", "refused by the resolver at claim")
+    resolved = resolve_config(spec, engine, request)
+    return dataclasses.replace(resolved, config={**resolved.config, "resolved_in_pid": os.getpid()})
+
+
+def run_first_look(ctx: RunContext) -> dict[str, Any]:
+    """Its first line reads its own row: what record_start wrote before any of the worker's code ran."""
+    from sqlalchemy import text
+
+    with ctx.engine.connect() as conn:
+        row = conn.execute(text("SELECT status::text, config, options FROM archive_worker_runs WHERE run_id = :r"),
+                           {"r": ctx.run.run_id}).one()
+    return {"status": row[0], "config": row[1], "options": row[2], "child_pid": os.getpid(),
+            "resolved_in_pid": ctx.config.config.get("resolved_in_pid")}
+
+
+ALL.append(_spec("first-look", run_first_look, resolver=resolve_where))
+
+
+def run_late_result(ctx: RunContext) -> dict[str, Any] | None:
+    """The child exits at once without a result; a process it forked still holds the channel and sends
+    the run's result a moment later (what the child's channel says, the finisher reads)."""
+    if os.fork() == 0:
+        time.sleep(float(_opt(ctx, "delay", 0.5)))
+        return {"late": True}  # the forked process returns into child_main, which sends the result
+    os._exit(0)
+
+
+ALL.append(_spec("late-result", run_late_result))
+
+
 # --- liveness (issue 9): stalled children, one long C call, silent CPU work -----------------------
 
 

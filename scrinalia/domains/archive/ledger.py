@@ -32,7 +32,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.types import Text
 
 from scrinalia.db.engine import one_statement
-from scrinalia.db.tables import ERROR_MAX, EXIT_REASONS, RUN_TRIGGERS, TERMINAL_STATUSES, WORKER_NAME_MAX
+from scrinalia.db.tables import (
+    ERROR_MAX,
+    EXIT_REASONS,
+    RUN_TRIGGERS,
+    TERMINAL_STATUSES,
+    WORKER_NAME_MAX,
+)
 from scrinalia.domains.archive.errors import (
     InvalidRunRequest,
     RunAlreadyFinished,
@@ -332,7 +338,8 @@ def record_start(
     config: Mapping[str, Any] | None,
     options: Mapping[str, Any] | None,
 ) -> bool:
-    """Write what actually runs (re-resolved at claim: the truth, next to the request's promise).
+    """Write what actually runs (resolved at claim by the supervisor, before the child starts: the truth,
+    next to the request's promise).
 
     Returns False when the row is not this runner's RUNNING row any more (the run was lost).
     """

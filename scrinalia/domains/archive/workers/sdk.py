@@ -4,10 +4,12 @@ Contract between the runner (``runner/``) and the catalogue (``scrinalia.domains
 
 * the runner finds workers through the plugin registry (``plugins.load_catalogue``: the entry-point
   group ``scrinalia.workers``, each entry point naming a ``WorkerSpec``);
-* at claim the child re-resolves the request with ``spec.resolve(engine, request)`` (explicit > persisted
-  ``archive_worker_settings`` row > signature default) and the ledger's ``record_start`` writes what it
-  returns (``ResolvedConfig``: engine_name, preset, options, config);
-* the child builds a ``RunContext(run, config, engine, channel, spec=spec)`` and calls ``spec.run(ctx)``; the
+* at claim the runner's supervisor resolves the request once with ``spec.resolve(engine, request)``
+  (explicit > persisted ``archive_worker_settings`` row > signature default; a resolver imports no
+  engine: it runs in the supervisor, which never imports torch), the ledger's ``record_start`` writes
+  what it returns (``ResolvedConfig``: engine_name, preset, options, config), then the child starts
+  with that ``ResolvedConfig`` in its assignment;
+* the child builds a ``RunContext(run, config, engine, channel)`` and calls ``spec.run(ctx)``; the
   worker's summary (a JSON object, also kept in ``ctx.result`` after every committed batch) is the run's
   ``result``. ``RunCancelled`` ends the run CANCELLED (``ctx.result`` holds what was committed),
   ``LeaseLost`` ends the child with nothing more written, any other exception ends it FAILED.
@@ -766,14 +768,6 @@ def retry_database(what: str, attempt: Callable[[], T], bound_seconds: float) ->
             print(f"database {state} during {what} (try {tries}): {describe_database_error(exc)}; "
                   f"trying again in {pause:g} s", file=sys.stderr, flush=True)
             time.sleep(min(pause, max(0.0, deadline - now)))
-
-
-def resolve_for_run(spec: WorkerSpec, engine: Engine, run: WorkerRun,
-                    layer: DatabaseLayer | None = None) -> ResolvedConfig:
-    """``spec.resolve`` for a claimed run in the runner's child: its database reads (the persisted
-    settings, the LLM_CHECK rule) are tried again through a restart shorter than the run's lease, so an
-    outage is never mistaken for a configuration failure (decision 0104)."""
-    return retry_database("resolve", lambda: spec.resolve(engine, run.request or {}, layer=layer), lease_of(run))
 
 
 class RunContext:
