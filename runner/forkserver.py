@@ -51,12 +51,64 @@ class ForkServerError(RuntimeError):
 
 
 def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title: str) -> None:
+    """Preload, say "ready", then fork a child per spawn request and report every exit, until the
+    supervisor closes the link."""
     from runner import child as child_module
 
     child_module.set_pdeathsig(signal.SIGKILL)
     if os.getppid() != parent_pid:
         os._exit(child_module.EXIT_ORPHANED)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ready, catalogue = _preload(preload)
+    procinfo.set_title(title)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def send(*message: Any) -> None:
+        link.send(pickle.dumps(message))
+
+    send("ready", ready)
+    server_pid, link_fd = os.getpid(), link.fileno()
+    while True:
+        try:
+            readable, _, _ = select.select([link_fd, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in readable:
+            _drain(wake_r)
+        _reap(send)  # on every wake-up: a SIGCHLD may coalesce several exits
+        if link_fd not in readable:
+            continue
+        request = _next_request(link)
+        if request is None:
+            return  # the supervisor closed the link (or died): leave; PDEATHSIG takes the children
+        if not request:
+            continue
+        token, channel_fd, output_fd = request
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child (forked here, not in a helper: its stack dumps keep their depth)
+            try:
+                signal.set_wakeup_fd(-1)
+                os.close(wake_r)
+                os.close(wake_w)
+                link.close()
+                child_module.become_child(server_pid, output_fd)
+                child_module.child_main(socket.socket(fileno=channel_fd), catalogue=catalogue)
+            finally:
+                os._exit(child_module.EXIT_INTERNAL)
+        os.close(channel_fd)
+        os.close(output_fd)
+        send("spawned", token, pid)
+
+
+def _preload(preload: tuple[str, ...]) -> tuple[dict[str, Any], dict | None]:
+    """Import what the children share (``preload``, the catalogue, the SDK): the "ready" report and the
+    catalogue (None when it cannot be loaded: the children load it and report the error on their runs)."""
+    from runner import child as child_module
+
     started = time.monotonic()
     loaded = child_module.preload_modules(preload)
     catalogue: dict | None
@@ -75,78 +127,51 @@ def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title:
     import scrinalia.domains.archive.workers.sdk  # noqa: F401
 
     torch = sys.modules.get("torch")
-    cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
-    procinfo.set_title(title)
+    return {
+        "pid": os.getpid(),
+        "preloaded": loaded,
+        "preload_seconds": round(time.monotonic() - started, 3),
+        "cuda_initialized": bool(torch is not None and torch.cuda.is_initialized()),
+        "catalogue": sorted(catalogue) if catalogue is not None else None,
+        "catalogue_error": catalogue_error,
+    }, catalogue
 
-    server_pid = os.getpid()
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
 
-    def send(*message: Any) -> None:
-        link.send(pickle.dumps(message))
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
-    send(
-        "ready",
-        {
-            "pid": os.getpid(),
-            "preloaded": loaded,
-            "preload_seconds": round(time.monotonic() - started, 3),
-            "cuda_initialized": cuda_initialized,
-            "catalogue": sorted(catalogue) if catalogue is not None else None,
-            "catalogue_error": catalogue_error,
-        },
-    )
 
+def _reap(send: Any) -> None:
+    """Report every child that exited, with the kernel's wait status and resource usage."""
     while True:
         try:
-            readable, _, _ = select.select([link, wake_r], [], [])
-        except InterruptedError:
-            continue
-        if wake_r in readable:
-            try:
-                while os.read(wake_r, 512):
-                    pass
-            except BlockingIOError:
-                pass
-        # Reap on every wake-up: a SIGCHLD may coalesce several exits.
-        while True:
-            try:
-                pid, status, rusage = os.wait4(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            send("exited", ChildExit.from_wait(pid, status, rusage))
-        if link in readable:
-            try:
-                data, fds, _flags, _addr = socket.recv_fds(link, MAX_PACKET, 4)
-            except OSError:
-                data, fds = b"", []
-            if not data:
-                return  # the supervisor closed the link (or died): leave; PDEATHSIG takes the children
-            kind, token = pickle.loads(data)
-            if kind != "spawn" or len(fds) != 2:
-                for fd in fds:
-                    os.close(fd)
-                continue
-            channel_fd, output_fd = fds
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:  # the child
-                try:
-                    signal.set_wakeup_fd(-1)
-                    os.close(wake_r)
-                    os.close(wake_w)
-                    link.close()
-                    child_module.become_child(server_pid, output_fd)
-                    child_module.child_main(socket.socket(fileno=channel_fd), catalogue=catalogue)
-                finally:
-                    os._exit(child_module.EXIT_INTERNAL)
-            os.close(channel_fd)
-            os.close(output_fd)
-            send("spawned", token, pid)
+            pid, status, rusage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        send("exited", ChildExit.from_wait(pid, status, rusage))
+
+
+def _next_request(link: socket.socket) -> tuple[int, int, int] | tuple[()] | None:
+    """The next spawn request: (token, channel_fd, output_fd); () for a malformed one (dropped); None
+    when the link is closed."""
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(link, MAX_PACKET, 4)
+    except OSError:
+        data, fds = b"", []
+    if not data:
+        return None
+    kind, token = pickle.loads(data)
+    if kind != "spawn" or len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        return ()
+    return int(token), fds[0], fds[1]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -295,6 +320,10 @@ class ForkServerLauncher:
             socket.send_fds(self.link, [pickle.dumps(("spawn", token))], [channel_fd, output_fd])
         except BlockingIOError:
             raise ForkServerError("the fork server does not take spawn requests (its socket is full)") from None
+        return self._await_spawned(token, deadline, wait)
+
+    def _await_spawned(self, token: int, deadline: float, wait: float) -> int:
+        """The pid the fork server answers for ``token``; other messages are handled on the way."""
         while True:
             message = self._recv(max(0.0, deadline - time.monotonic()))
             if message is None:
@@ -321,15 +350,21 @@ class ForkServerLauncher:
             if message is None:
                 break
             self._handle(message)
-        if self._ready_by is not None and not self._dead and time.monotonic() > self._ready_by:
+        if self._ready_by is not None:
+            self._check_start()
+        exits, self._exits = self._exits, []
+        return exits
+
+    def _check_start(self) -> None:
+        """A background start that dies or is not ready in time fails (``start`` raises next time)."""
+        assert self._ready_by is not None
+        if not self._dead and time.monotonic() > self._ready_by:
             self._start_error = f"the fork server was not ready within {self.ready_timeout:g} s"
             if self.proc is not None:
                 self.proc.kill()
             self._dead = True
-        if self._dead and self._ready_by is not None and self._start_error is None:
+        if self._dead and self._start_error is None:
             self._start_error = "the fork server died while preloading"
-        exits, self._exits = self._exits, []
-        return exits
 
     def healthy(self) -> bool:
         return self.link is not None and not self._dead and self.proc is not None and self.proc.poll() is None

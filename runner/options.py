@@ -64,18 +64,7 @@ class RunnerOptions:
                 "a lease that is not longer than the interval that renews it expires between two heartbeats "
                 "(the default is --heartbeat 15 --lease 60)"
             )
-        if self.poll_seconds <= 0:
-            raise OptionsError(f"--poll must be positive, got {self.poll_seconds}")
-        if self.listen_poll_seconds <= 0:
-            raise OptionsError(f"--listen-poll must be positive, got {self.listen_poll_seconds}")
-        if self.drain_timeout < 0:
-            raise OptionsError("--drain-timeout must not be negative")
-        if self.max_runtime is not None and self.max_runtime <= 0:
-            raise OptionsError("--max-runtime must be positive")
-        if self.cancel_grace < 0 or self.kill_grace < 0:
-            raise OptionsError("--cancel-grace and --kill-grace must not be negative")
-        if self.stall_timeout < 0:
-            raise OptionsError(f"--stall-timeout must not be negative (0 turns it off), got {self.stall_timeout:g}")
+        self._check_cadences()
         self._check_fence_timings()
         if self.per_device < 1:
             raise OptionsError(f"--per-device must be at least 1, got {self.per_device}")
@@ -88,6 +77,21 @@ class RunnerOptions:
         if self.start_method not in START_METHODS:
             raise OptionsError(f"--start-method must be one of {', '.join(START_METHODS)}")
         return self
+
+    def _check_cadences(self) -> None:
+        """The polls, the graces and the limits: positive where they are intervals, never negative."""
+        if self.poll_seconds <= 0:
+            raise OptionsError(f"--poll must be positive, got {self.poll_seconds}")
+        if self.listen_poll_seconds <= 0:
+            raise OptionsError(f"--listen-poll must be positive, got {self.listen_poll_seconds}")
+        if self.drain_timeout < 0:
+            raise OptionsError("--drain-timeout must not be negative")
+        if self.max_runtime is not None and self.max_runtime <= 0:
+            raise OptionsError("--max-runtime must be positive")
+        if self.cancel_grace < 0 or self.kill_grace < 0:
+            raise OptionsError("--cancel-grace and --kill-grace must not be negative")
+        if self.stall_timeout < 0:
+            raise OptionsError(f"--stall-timeout must not be negative (0 turns it off), got {self.stall_timeout:g}")
 
     @property
     def fence_margin(self) -> float:
