@@ -22,12 +22,14 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 install: $(STAMP)
 
 # Debian packages the tests drive: PostgreSQL's server binaries (the throwaway test cluster), chromium
-# (the panel's browser tests) and libfaketime (the wrong-clock test). Installed only when missing.
+# (the panel's browser tests), libfaketime (the wrong-clock test) and nftables (the runner's partition
+# tests drop packets on the test cluster's port). Installed only when missing.
 system-deps:
 	@missing=""; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
+	command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

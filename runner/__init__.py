@@ -10,6 +10,8 @@ Modules, one per concept:
 * ``finisher``    the one writer of terminal rows in the parent (``ledger.finish``);
 * ``children``    a table entry: the process, its channel, its output, its resources;
 * ``ledger_link`` every protocol statement of the supervisor, and the database's state;
+* ``bounded``     the client-side bound of each of its database steps: none outlives the fence point;
+* ``stall``       the per-child liveness rule (no message and no CPU work for the stall timeout);
 * ``signals``     the self-pipe that brings signals into the loop;
 * ``daemon``      how ``scrinalia-runner daemon`` starts;
 * ``child``       the child entry point shared by the daemon and the one-shot CLI;

@@ -74,6 +74,9 @@ def become_child(expected_parent: int, output_fd: int | None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
     faulthandler.enable(all_threads=True)  # a segfault leaves a Python stack in the stderr tail
+    # A stalled child (runner.stall) is asked for its stack first: every thread's, written by a C signal
+    # handler, so even a child stuck in one C call that holds the GIL answers.
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     try:
         # Under memory pressure the kernel should pick a child, never the supervisor (raising one's own
         # oom_score_adj needs no privilege).
@@ -266,7 +269,8 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
     else:
         link.retitle("running")
         started = time.monotonic()
-        link.send("started", {"t": started})
+        # The worker's own stall timeout, if it declares one (runner.stall); None: the runner's.
+        link.send("started", {"t": started, "stall_timeout": getattr(spec, "stall_timeout", None)})
         ending = _run_worker(spec, ctx)
     _report(link, ending, started, ctx.done)
     engine.dispose()

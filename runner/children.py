@@ -16,6 +16,7 @@ from typing import Any
 from runner import wire
 from runner.devices import Device
 from runner.run_state import RunState
+from runner.stall import StallWatch
 from scrinalia.domains.archive.ledger import WorkerRun
 
 log = logging.getLogger("scrinalia.runner")
@@ -100,6 +101,7 @@ class Child:
     progress: dict[str, Any] | None = None
     progress_written: dict[str, Any] | None = None  # what record_progress last wrote for it
     resources: Resources = field(default_factory=Resources)
+    stall: StallWatch | None = None      # its liveness while the worker runs (runner.stall, decision 0111)
     state: RunState = field(init=False)
     output: Output = field(init=False)
     reader: wire.FrameReader = field(init=False)

@@ -42,6 +42,7 @@ class Claims(SupervisorBase):
             and not self.lease.fenced
             and self.db.ok
             and self.launcher.healthy()
+            and not self.launcher.stalled  # a spawn unanswered, or restarting (decision 0112)
             and len(self.children) + len(self.unstarted) < self.options.concurrency
         )
 
@@ -153,7 +154,9 @@ class Claims(SupervisorBase):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         try:
-            pid = self.launcher.spawn(theirs.fileno(), out_w)
+            # A stopped fork server must not hold the loop: its answer is waited for until the fence point.
+            wait = max(0.02, self._bounded_wait(self.options.spawn_seconds))
+            pid = self.launcher.spawn(theirs.fileno(), out_w, timeout=wait)
         except Exception as exc:
             ours.close()
             os.close(out_r)

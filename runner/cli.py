@@ -104,6 +104,10 @@ def daemon_options(func):
                      help="Seconds after a cancel request before SIGTERM/SIGKILL (cancel-forced)."),
         click.option("--kill-grace", type=float, default=5.0, show_default=True,
                      help="Seconds between SIGTERM and SIGKILL when the supervisor stops a child."),
+        click.option("--stall-timeout", type=float, default=opts.DEFAULT_STALL_TIMEOUT, show_default=True,
+                     help="Seconds a running child may send nothing and use no CPU before its Python stack is "
+                          "dumped and it is stopped (FAILED stalled); a worker may declare its own "
+                          "(WorkerSpec.stall_timeout). 0: never."),
         click.option("--preload", default=",".join(opts.DEFAULT_PRELOAD), show_default=True,
                      help="Modules the fork server imports once ('none' for nothing); skipped when not installed."),
         click.option("--start-method", type=click.Choice(opts.START_METHODS), default="forkserver", show_default=True,
@@ -126,7 +130,7 @@ def daemon_command(**flags: Any) -> None:
 
 def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbeat, lease, poll, drain_timeout,
                max_runtime, cancel_grace, kill_grace, preload, start_method, socket_path, log_level,
-               listen=None, listen_poll=10.0) -> int:
+               listen=None, listen_poll=10.0, stall_timeout=opts.DEFAULT_STALL_TIMEOUT) -> int:
     setup_logging(log_level)
     from runner.daemon import daemon_catalogue, daemon_control, daemon_engine, daemon_options_from, serve_daemon
 
@@ -134,7 +138,7 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
         name=name, capabilities=capabilities, concurrency=concurrency, devices=devices, per_device=per_device,
         heartbeat=heartbeat, lease=lease, poll=poll, drain_timeout=drain_timeout, max_runtime=max_runtime,
         cancel_grace=cancel_grace, kill_grace=kill_grace, preload=preload, start_method=start_method,
-        socket_path=socket_path, listen=listen, listen_poll=listen_poll,
+        socket_path=socket_path, listen=listen, listen_poll=listen_poll, stall_timeout=stall_timeout,
     )
     settings, url = _parent_settings()
     catalogue, capabilities = daemon_catalogue(options)

@@ -11,8 +11,10 @@ JSON answer, then close:
     {"command": "modules"}   which heavy modules (torch, transformers, ...) the supervisor has imported
     {"command": "drain"}     start a drain, as SIGTERM would
 
-The supervisor serves it from its own loop (the listening socket is in its ``select``); an accepted
-connection has a short timeout, so a stuck client cannot stall the loop for long.
+The supervisor serves it from its own loop (the listening socket is in its ``select``). A client has
+``CLIENT_TIMEOUT`` in all (not per read: a client trickling one byte at a time is cut at the same
+moment), and one call serves at most ``SERVE_BUDGET`` seconds of clients, the rest waiting for the next
+tick, so no client can hold the loop past its self-fence (decision 0110).
 """
 from __future__ import annotations
 
@@ -22,13 +24,15 @@ import os
 import socket
 import stat
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("scrinalia.runner.control")
 
-CLIENT_TIMEOUT = 0.5
+CLIENT_TIMEOUT = 0.5   # seconds one client may take, its whole request and answer
+SERVE_BUDGET = 0.5     # seconds of clients one serve_pending call serves
 MAX_REQUEST = 4096
 
 
@@ -93,10 +97,15 @@ class ControlServer:
     def fileno(self) -> int | None:
         return self.sock.fileno() if self.sock is not None else None
 
-    def serve_pending(self, handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def serve_pending(self, handler: Callable[[dict[str, Any]], dict[str, Any]], until: float | None = None) -> None:
+        """Answer the clients waiting now, within ``SERVE_BUDGET`` and never past ``until`` (the caller's
+        self-fence point, CLOCK_MONOTONIC); those left wait for the next call."""
         if self.sock is None:
             return
-        while True:
+        budget_end = time.monotonic() + SERVE_BUDGET
+        if until is not None:
+            budget_end = min(budget_end, until)
+        while time.monotonic() < budget_end:
             try:
                 conn, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -105,9 +114,22 @@ class ControlServer:
                 log.warning("control socket accept failed: %s", exc)
                 return
             with conn:
-                self._serve_one(conn, handler)
+                self._serve_one(conn, handler, until)
 
-    def _serve_one(self, conn: socket.socket, handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def _serve_one(self, conn: socket.socket, handler: Callable[[dict[str, Any]], dict[str, Any]],
+                   until: float | None = None) -> None:
+        def limit() -> float:
+            at = time.monotonic() + CLIENT_TIMEOUT
+            return at if until is None else max(min(at, until), time.monotonic() + 0.05)
+
+        deadline = limit()
+
+        def left() -> float:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the control client took too long")
+            return remaining
+
         conn.settimeout(CLIENT_TIMEOUT)
         try:
             uid = _peer_uid(conn)
@@ -116,6 +138,7 @@ class ControlServer:
                 return
             data = b""
             while b"\n" not in data and len(data) < MAX_REQUEST:
+                conn.settimeout(left())
                 chunk = conn.recv(MAX_REQUEST)
                 if not chunk:
                     break
@@ -127,6 +150,8 @@ class ControlServer:
                 answer = handler(request)
             except ValueError as exc:
                 answer = {"error": f"bad request: {exc}"}
+            deadline = limit()  # the answer's own budget: the handler's time is not the client's
+            conn.settimeout(left())
             conn.sendall(json.dumps(answer, default=str).encode() + b"\n")
         except (TimeoutError, OSError) as exc:
             log.debug("control client dropped: %s", exc)

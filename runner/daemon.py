@@ -16,7 +16,8 @@ log = logging.getLogger("scrinalia.runner")
 
 def daemon_options_from(*, name, capabilities, concurrency, devices, per_device, heartbeat, lease, poll,
                            drain_timeout, max_runtime, cancel_grace, kill_grace, preload, start_method,
-                           socket_path, listen, listen_poll) -> RunnerOptions:
+                           socket_path, listen, listen_poll,
+                           stall_timeout=opts.DEFAULT_STALL_TIMEOUT) -> RunnerOptions:
     from runner.wakeup import listen_default
 
     try:
@@ -35,6 +36,7 @@ def daemon_options_from(*, name, capabilities, concurrency, devices, per_device,
             max_runtime=max_runtime,
             cancel_grace=cancel_grace,
             kill_grace=kill_grace,
+            stall_timeout=stall_timeout,
             preload=opts.parse_list(preload),
             start_method=start_method,
             socket_path=socket_path or opts.default_socket_path(name),

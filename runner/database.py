@@ -1,6 +1,7 @@
 """The supervisor's database: its engine (short timeouts, no pre-ping), the schema check, the registration."""
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -9,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from runner import bounded
 from runner.options import RunnerOptions
 from scrinalia import __version__
 from scrinalia.db import migrate
@@ -29,24 +31,30 @@ class SchemaBehind(RuntimeError):
 
 
 def parent_engine(url: DatabaseUrl | str, options: RunnerOptions, settings: Settings | None = None) -> Engine:
-    """The supervisor's engine. Every statement is bounded, so the loop can always reach its self-fence:
-    connect_timeout, statement_timeout and lock_timeout, tcp_user_timeout for a silent network.
+    """The supervisor's engine. Every step is bounded, so the loop can always reach its self-fence:
+    on the client (``runner.bounded``: a step that outlives ``statement_seconds``, or the fence point the
+    supervisor clips it to, is abandoned; a connection is made off the loop and waited for at most
+    ``connect_seconds``), and on the server (statement_timeout and lock_timeout, tcp_user_timeout).
+    libpq's connect_timeout (whole seconds, at least 2) only ends the abandoned attempt's helper thread.
     No pre-ping: one heartbeat is one statement, and a failed one is retried by the loop anyway."""
-    bound_ms = int(max(2.0, min(options.heartbeat_seconds, options.lease_seconds / 4)) * 1000)
+    bound_ms = max(1, int(options.statement_seconds * 1000))
     connect_args: dict[str, Any] = {
-        "connect_timeout": max(2, int(bound_ms / 1000)),
+        "connect_timeout": max(2, math.ceil(options.connect_seconds)),
         "options": f"-c statement_timeout={bound_ms} -c lock_timeout={bound_ms}",
         "tcp_user_timeout": bound_ms,
     }
-    return create_engine_from_url(
+    engine = create_engine_from_url(
         url,
         settings=settings,
         application_name="scrinalia-runner",
         pool_size=2,
         max_overflow=2,
         pool_pre_ping=False,
+        pool_timeout=options.statement_seconds,
         connect_args=connect_args,
     )
+    bounded.install(engine, options.statement_seconds, options.connect_seconds)
+    return engine
 
 
 @dataclass(frozen=True, slots=True)

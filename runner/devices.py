@@ -3,7 +3,10 @@
 * ``GpuProbe``: NVML (``pynvml`` from nvidia-ml-py) when it is importable and a GPU answers. NVML is
   the driver's management library: it reads names, memory and per-process memory without creating a
   CUDA context, so the supervisor may use it (it must never initialise CUDA). Everything returns empty
-  results where NVML, the driver or a GPU is absent.
+  results where NVML, the driver or a GPU is absent. The loop's samples (``memory_by_pid``,
+  ``free_memory``) run on one NVML thread and are waited for at most ``NVML_WAIT`` seconds: a wedged
+  driver (a GPU fallen off the bus answers NVML in tens of seconds, or never) makes them stale, never
+  the loop late (decision 0110).
 * ``inventory``: the devices of ``--devices auto|none|LIST`` (auto: NVML's; LIST: indexes or UUIDs,
   which needs no NVML).
 * ``DevicePlanner``: the slot accounting (``--per-device`` children per device) and the memory rule, as
@@ -15,16 +18,49 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("scrinalia.runner.devices")
 
+NVML_WAIT = 0.2  # seconds the loop waits for one NVML sample; then it uses the last one
+
+
+class _BoundedCalls:
+    """Runs one call at a time on a helper thread and waits for it at most ``wait`` seconds; a call that
+    is late keeps running, and until it returns every new call answers the last known result at once."""
+
+    def __init__(self, wait: float) -> None:
+        self.wait = wait
+        self.late = 0  # calls that missed their wait (the status of a wedged driver)
+        self._busy = threading.Lock()
+        self._last: dict[str, Any] = {}
+
+    def call(self, key: str, fn: Callable[[], Any], default: Any) -> Any:
+        if not self._busy.acquire(blocking=False):
+            return self._last.get(key, default)  # the previous call is still in the driver
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                self._last[key] = fn()
+            finally:
+                done.set()
+                self._busy.release()
+
+        threading.Thread(target=run, name="nvml", daemon=True).start()
+        if not done.wait(self.wait):
+            self.late += 1
+            log.warning("NVML did not answer within %gs; using its last answer", self.wait)
+        return self._last.get(key, default)
+
 
 class GpuProbe:
     def __init__(self) -> None:
         self._nvml: Any = None
+        self._calls = _BoundedCalls(NVML_WAIT)
         try:
             import pynvml
 
@@ -62,7 +98,12 @@ class GpuProbe:
         return out
 
     def memory_by_pid(self) -> dict[int, int]:
-        """GPU memory in use per process id, summed over the devices."""
+        """GPU memory in use per process id, summed over the devices (bounded: see the module doc)."""
+        if self._nvml is None:
+            return {}
+        return dict(self._calls.call("memory_by_pid", self._memory_by_pid, {}))
+
+    def _memory_by_pid(self) -> dict[int, int]:
         nvml = self._nvml
         if nvml is None:
             return {}
@@ -84,7 +125,12 @@ class GpuProbe:
         return usage
 
     def free_memory(self) -> dict[str, int]:
-        """Free memory per device UUID, now (empty without NVML)."""
+        """Free memory per device UUID, now (empty without NVML; bounded: see the module doc)."""
+        if self._nvml is None:
+            return {}
+        return dict(self._calls.call("free_memory", self._free_memory, {}))
+
+    def _free_memory(self) -> dict[str, int]:
         nvml = self._nvml
         if nvml is None:
             return {}

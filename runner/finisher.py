@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from runner import procinfo
 from runner.ledger_link import DatabaseDown, LedgerLink, brief
 from runner.options import RunnerOptions
-from runner.outcome import Outcome, decide, fit_error
+from runner.outcome import STALLED, Outcome, decide, fit_error
 from runner.run_state import Action
 from scrinalia.db.tables import ExitReason
 from scrinalia.domains.archive import ledger
@@ -88,7 +88,9 @@ class Finisher:
         opts = self.options
         out = decide(
             worker=child.run.worker_name, exit=ex, result=state.result, kill_reason=state.kill_reason,
-            signals_sent=state.signals_sent, stderr_tail=child.output.tail_text(),
+            signals_sent=state.signals_sent,
+            # a stalled child's stack (faulthandler, every thread) is longer than a crash's last lines
+            stderr_tail=child.output.tail_text(200 if state.kill_reason == STALLED else 25),
             oom_kills_before=child.resources.oom_kills_at_start,
             oom_kills_after=procinfo.oom_kill_counter() if ex.signal == signal.SIGKILL else None,
             max_runtime=opts.max_runtime, cancel_grace=opts.cancel_grace, drain_timeout=opts.drain_timeout,

@@ -51,12 +51,64 @@ class ForkServerError(RuntimeError):
 
 
 def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title: str) -> None:
+    """Preload, say "ready", then fork a child per spawn request and report every exit, until the
+    supervisor closes the link."""
     from runner import child as child_module
 
     child_module.set_pdeathsig(signal.SIGKILL)
     if os.getppid() != parent_pid:
         os._exit(child_module.EXIT_ORPHANED)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ready, catalogue = _preload(preload)
+    procinfo.set_title(title)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def send(*message: Any) -> None:
+        link.send(pickle.dumps(message))
+
+    send("ready", ready)
+    server_pid, link_fd = os.getpid(), link.fileno()
+    while True:
+        try:
+            readable, _, _ = select.select([link_fd, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in readable:
+            _drain(wake_r)
+        _reap(send)  # on every wake-up: a SIGCHLD may coalesce several exits
+        if link_fd not in readable:
+            continue
+        request = _next_request(link)
+        if request is None:
+            return  # the supervisor closed the link (or died): leave; PDEATHSIG takes the children
+        if not request:
+            continue
+        token, channel_fd, output_fd = request
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child (forked here, not in a helper: its stack dumps keep their depth)
+            try:
+                signal.set_wakeup_fd(-1)
+                os.close(wake_r)
+                os.close(wake_w)
+                link.close()
+                child_module.become_child(server_pid, output_fd)
+                child_module.child_main(socket.socket(fileno=channel_fd), catalogue=catalogue)
+            finally:
+                os._exit(child_module.EXIT_INTERNAL)
+        os.close(channel_fd)
+        os.close(output_fd)
+        send("spawned", token, pid)
+
+
+def _preload(preload: tuple[str, ...]) -> tuple[dict[str, Any], dict | None]:
+    """Import what the children share (``preload``, the catalogue, the SDK): the "ready" report and the
+    catalogue (None when it cannot be loaded: the children load it and report the error on their runs)."""
+    from runner import child as child_module
+
     started = time.monotonic()
     loaded = child_module.preload_modules(preload)
     catalogue: dict | None
@@ -75,78 +127,51 @@ def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title:
     import scrinalia.domains.archive.workers.sdk  # noqa: F401
 
     torch = sys.modules.get("torch")
-    cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
-    procinfo.set_title(title)
+    return {
+        "pid": os.getpid(),
+        "preloaded": loaded,
+        "preload_seconds": round(time.monotonic() - started, 3),
+        "cuda_initialized": bool(torch is not None and torch.cuda.is_initialized()),
+        "catalogue": sorted(catalogue) if catalogue is not None else None,
+        "catalogue_error": catalogue_error,
+    }, catalogue
 
-    server_pid = os.getpid()
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
 
-    def send(*message: Any) -> None:
-        link.send(pickle.dumps(message))
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
-    send(
-        "ready",
-        {
-            "pid": os.getpid(),
-            "preloaded": loaded,
-            "preload_seconds": round(time.monotonic() - started, 3),
-            "cuda_initialized": cuda_initialized,
-            "catalogue": sorted(catalogue) if catalogue is not None else None,
-            "catalogue_error": catalogue_error,
-        },
-    )
 
+def _reap(send: Any) -> None:
+    """Report every child that exited, with the kernel's wait status and resource usage."""
     while True:
         try:
-            readable, _, _ = select.select([link, wake_r], [], [])
-        except InterruptedError:
-            continue
-        if wake_r in readable:
-            try:
-                while os.read(wake_r, 512):
-                    pass
-            except BlockingIOError:
-                pass
-        # Reap on every wake-up: a SIGCHLD may coalesce several exits.
-        while True:
-            try:
-                pid, status, rusage = os.wait4(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            send("exited", ChildExit.from_wait(pid, status, rusage))
-        if link in readable:
-            try:
-                data, fds, _flags, _addr = socket.recv_fds(link, MAX_PACKET, 4)
-            except OSError:
-                data, fds = b"", []
-            if not data:
-                return  # the supervisor closed the link (or died): leave; PDEATHSIG takes the children
-            kind, token = pickle.loads(data)
-            if kind != "spawn" or len(fds) != 2:
-                for fd in fds:
-                    os.close(fd)
-                continue
-            channel_fd, output_fd = fds
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:  # the child
-                try:
-                    signal.set_wakeup_fd(-1)
-                    os.close(wake_r)
-                    os.close(wake_w)
-                    link.close()
-                    child_module.become_child(server_pid, output_fd)
-                    child_module.child_main(socket.socket(fileno=channel_fd), catalogue=catalogue)
-                finally:
-                    os._exit(child_module.EXIT_INTERNAL)
-            os.close(channel_fd)
-            os.close(output_fd)
-            send("spawned", token, pid)
+            pid, status, rusage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        send("exited", ChildExit.from_wait(pid, status, rusage))
+
+
+def _next_request(link: socket.socket) -> tuple[int, int, int] | tuple[()] | None:
+    """The next spawn request: (token, channel_fd, output_fd); () for a malformed one (dropped); None
+    when the link is closed."""
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(link, MAX_PACKET, 4)
+    except OSError:
+        data, fds = b"", []
+    if not data:
+        return None
+    kind, token = pickle.loads(data)
+    if kind != "spawn" or len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        return ()
+    return int(token), fds[0], fds[1]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,8 +207,18 @@ class ForkServerLauncher:
         self._exits: list[ChildExit] = []
         self._token = 0
         self._dead = False
+        self._unanswered: set[int] = set()  # spawn tokens that timed out (see ``stalled``)
+        self._ready_by: float | None = None  # a background start's deadline (see ``start``)
+        self._start_error: str | None = None
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Start the fork server. ``wait``: until it is ready (at the supervisor's start). Without: return
+        at once (a restart from the loop: preloading torch takes seconds, the loop must go on); it is
+        ``starting`` (``stalled``: nothing is claimed) until its "ready" arrives through
+        ``collect_exits``. A background start that fails (it dies, times out or initialised CUDA) makes
+        the next ``start`` raise, so a fork server that cannot start is not restarted forever."""
+        if self._start_error is not None:
+            raise ForkServerError(self._start_error)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ if self.env is None else self.env)
         env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
@@ -199,15 +234,29 @@ class ForkServerLauncher:
         theirs.close()
         self.link = ours
         self._dead = False
+        self._unanswered = set()
+        if not wait:
+            self.link.setblocking(False)
+            self._ready_by = time.monotonic() + self.ready_timeout
+            return
         message = self._recv(self.ready_timeout)
         if message is None or message[0] != "ready":
             self.close()
             raise ForkServerError(f"the fork server did not start (got {message!r})")
-        self.ready_info = message[1]
-        if self.ready_info.get("cuda_initialized"):
+        self._ready(message[1])
+        self.link.setblocking(False)
+
+    def _ready(self, info: dict[str, Any]) -> None:
+        self.ready_info = info
+        if info.get("cuda_initialized"):
             self.close()
             raise ForkServerError("the fork server initialised CUDA while preloading; refusing to fork from it")
-        self.link.setblocking(False)
+        self._ready_by = None
+
+    @property
+    def starting(self) -> bool:
+        """Started in the background and not ready yet."""
+        return self._ready_by is not None
 
     def _recv(self, timeout: float | None) -> tuple | None:
         assert self.link is not None
@@ -236,27 +285,61 @@ class ForkServerLauncher:
         return pickle.loads(data)
 
     def _handle(self, message: tuple) -> None:
-        if message[0] == "exited":
+        if message[0] == "ready" and self._ready_by is not None:
+            try:
+                self._ready(message[1])
+            except ForkServerError as exc:
+                self._start_error = str(exc)
+            else:
+                log.warning("fork server pid %s ready again (preloaded in %ss)", self.pid,
+                            message[1].get("preload_seconds"))
+        elif message[0] == "exited":
             self._exits.append(message[1])
+        elif message[0] == "spawned" and message[1] in self._unanswered:
+            # The late answer of a spawn that timed out: that child got no assignment and is leaving.
+            self._unanswered.discard(message[1])
+            log.warning("the fork server answered again (child %s of an abandoned spawn request exits)", message[2])
 
-    def spawn(self, channel_fd: int, output_fd: int) -> int:
+    def spawn(self, channel_fd: int, output_fd: int, timeout: float | None = None) -> int:
+        """Ask for a child and wait for its pid, at most ``timeout`` seconds (default 30).
+
+        A fork server that does not answer in time (SIGSTOPped, swapped out) is *stalled*: the spawn
+        fails (the caller closes its ends of the child's socket and pipe, so a child forked later for
+        this request finds no assignment and exits at once), ``stalled`` stays true and nothing more is
+        asked of it until its late answer arrives. The loop is never held longer than ``timeout``."""
         if self.link is None or self._dead:
             raise ForkServerError("the fork server is not running")
+        if self._unanswered:
+            raise ForkServerError("the fork server has not answered an earlier spawn request (stalled)")
         self._token += 1
         token = self._token
-        self.link.setblocking(True)
+        wait = 30.0 if timeout is None else max(0.0, timeout)
+        deadline = time.monotonic() + wait
         try:
+            # Non-blocking: a stopped server's full socket buffer must not hold the loop either.
             socket.send_fds(self.link, [pickle.dumps(("spawn", token))], [channel_fd, output_fd])
-            while True:
-                message = self._recv(30.0)
-                if message is None:
-                    raise ForkServerError("the fork server did not answer a spawn request")
-                if message[0] == "spawned" and message[1] == token:
-                    return int(message[2])
-                self._handle(message)
-        finally:
-            if self.link is not None:
-                self.link.setblocking(False)
+        except BlockingIOError:
+            raise ForkServerError("the fork server does not take spawn requests (its socket is full)") from None
+        return self._await_spawned(token, deadline, wait)
+
+    def _await_spawned(self, token: int, deadline: float, wait: float) -> int:
+        """The pid the fork server answers for ``token``; other messages are handled on the way."""
+        while True:
+            message = self._recv(max(0.0, deadline - time.monotonic()))
+            if message is None:
+                if self._dead:
+                    raise ForkServerError("the fork server died during a spawn request")
+                self._unanswered.add(token)
+                raise ForkServerError(f"the fork server did not answer a spawn request within {wait:.3g} s")
+            if message[0] == "spawned" and message[1] == token:
+                return int(message[2])
+            self._handle(message)
+
+    @property
+    def stalled(self) -> bool:
+        """A spawn request is still unanswered, or the fork server is still starting: claim nothing that
+        would need it."""
+        return bool(self._unanswered) or self._ready_by is not None
 
     def wait_fds(self) -> list[int]:
         return [self.link.fileno()] if self.link is not None and not self._dead else []
@@ -267,8 +350,21 @@ class ForkServerLauncher:
             if message is None:
                 break
             self._handle(message)
+        if self._ready_by is not None:
+            self._check_start()
         exits, self._exits = self._exits, []
         return exits
+
+    def _check_start(self) -> None:
+        """A background start that dies or is not ready in time fails (``start`` raises next time)."""
+        assert self._ready_by is not None
+        if not self._dead and time.monotonic() > self._ready_by:
+            self._start_error = f"the fork server was not ready within {self.ready_timeout:g} s"
+            if self.proc is not None:
+                self.proc.kill()
+            self._dead = True
+        if self._dead and self._start_error is None:
+            self._start_error = "the fork server died while preloading"
 
     def healthy(self) -> bool:
         return self.link is not None and not self._dead and self.proc is not None and self.proc.poll() is None
@@ -285,6 +381,8 @@ class ForkServerLauncher:
             "preloaded": self.ready_info.get("preloaded", []),
             "preload_seconds": self.ready_info.get("preload_seconds"),
             "healthy": self.healthy(),
+            "stalled": self.stalled,
+            "starting": self.starting,
         }
 
     def close(self) -> None:

@@ -59,9 +59,14 @@ class Launcher(Protocol):
     name: str
     child_preload: tuple[str, ...]  # what a child imports itself before it runs (the assignment's "preload")
 
-    def start(self) -> None: ...
+    def start(self, wait: bool = True) -> None: ...
 
-    def spawn(self, channel_fd: int, output_fd: int) -> int: ...
+    @property
+    def stalled(self) -> bool:
+        """A spawn request is unanswered (a stopped fork server): the supervisor claims nothing meanwhile."""
+        ...
+
+    def spawn(self, channel_fd: int, output_fd: int, timeout: float | None = None) -> int: ...
 
     def wait_fds(self) -> list[int]: ...
 
@@ -78,6 +83,7 @@ class SpawnLauncher:
     """A fresh interpreter per child: nothing inherited, nothing preloaded (seconds with torch)."""
 
     name = "spawn"
+    stalled = False  # fork + exec: no server to wait on
 
     def __init__(self, preload: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.preload = preload
@@ -85,10 +91,10 @@ class SpawnLauncher:
         self.env = env
         self._children: dict[int, tuple[subprocess.Popen, int | None]] = {}
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
         pass
 
-    def spawn(self, channel_fd: int, output_fd: int) -> int:
+    def spawn(self, channel_fd: int, output_fd: int, timeout: float | None = None) -> int:
         argv = [sys.executable, "-m", "runner.child", "--channel-fd", str(channel_fd), "--parent-pid", str(os.getpid())]
         proc = subprocess.Popen(
             argv,

@@ -4,6 +4,10 @@ A database error never kills the loop: ``call`` records the failure (``state``: 
 error, named by ``classify_database_error`` (decision 0103); the error's class for ``status``) and raises
 ``DatabaseDown``; the caller leaves what it was doing for a later tick.
 ``statements`` counts what was sent, by protocol step (``status`` shows it).
+
+No step outlives the self-fence point (decision 0110): ``fence_check`` (the supervisor's fence phase)
+runs before each step and after a failed one, and the step runs under ``runner.bounded.until`` the
+supervisor's ``fence_point``, so a silent network abandons it there at the latest.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from runner import bounded
 from scrinalia.db.errors import classify_database_error, describe_database_error
 
 log = logging.getLogger("scrinalia.runner")
@@ -30,6 +35,8 @@ class LedgerLink:
     state: str = "unknown"       # ok | blocked | unreachable | error | unknown (nothing sent yet)
     error: str | None = None     # the last error's class
     statements: dict[str, int] = field(default_factory=dict)
+    fence_point: Callable[[], float | None] = lambda: None  # CLOCK_MONOTONIC; None: nothing to fence
+    fence_check: Callable[[], None] = lambda: None          # kills the children once the point is reached
 
     @property
     def ok(self) -> bool:
@@ -41,10 +48,13 @@ class LedgerLink:
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(engine, *args, **kwargs)``, one protocol step named ``what``. Raises ``DatabaseDown``."""
+        self.fence_check()  # no step starts past the fence point with live children
         self.statements[what] = self.statements.get(what, 0) + 1
         try:
-            result = fn(self.engine, *args, **kwargs)
+            with bounded.until(self.engine, self.fence_point()):  # nor outlives it (runner.bounded)
+                result = fn(self.engine, *args, **kwargs)
         except SQLAlchemyError as exc:
+            self.fence_check()
             self.failed(what, exc)
             raise DatabaseDown(what) from None
         self.answered(what)

@@ -121,6 +121,18 @@ class SupervisorBase:
 
     # What one phase module calls of another's (the Supervisor inherits them all).
 
+    def _fence_point(self) -> float | None:
+        """When the children must be dead if the lease is not renewed (None: no live child to fence).
+        Every wait of the loop ends by then (decision 0110)."""
+        if self.lease.deadline is None or not any(c.state.alive for c in self.children.values()):
+            return None
+        return self.lease.deadline - self.options.fence_margin
+
+    def _bounded_wait(self, seconds: float) -> float:
+        """``seconds``, clipped to the fence point: how long the loop may wait on anything now."""
+        point = self._fence_point()
+        return seconds if point is None else max(0.0, min(seconds, point - time.monotonic()))
+
     def begin_drain(self, why: str) -> None:
         raise NotImplementedError
 

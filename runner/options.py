@@ -16,6 +16,13 @@ EXIT_ALREADY_RUNNING = 6   # daemon: a live supervisor already answers on this c
 EXIT_CANCELLED = 130       # run: the run ended CANCELLED (or was interrupted by a second Ctrl-C)
 
 DEFAULT_PRELOAD = ("torch", "transformers")
+DEFAULT_STALL_TIMEOUT = 600.0  # a child silent (no message, no CPU) this long is stalled: fits a slow GPU batch
+MIN_FENCE_MARGIN = 0.1       # seconds the self-fence needs between abandoning a statement and the lease end
+MIN_STATEMENT_SECONDS = 0.1  # the shortest statement bound worth sending (one round trip on a loaded host)
+STATEMENT_FLOOR = 2.0        # the bound is at least this much where the lease leaves room for it
+STATEMENT_MAX = 5.0          # and at most this much: the loop (status, the fence) waits on no step longer
+CONNECT_MAX = 2.0            # a new connection (DNS, TCP, TLS, auth) takes at most this much (libpq's minimum)
+SPAWN_ANSWER_SECONDS = 5.0   # the longest the loop waits for the fork server to answer a spawn
 START_METHODS = ("forkserver", "spawn")
 
 
@@ -42,6 +49,7 @@ class RunnerOptions:
     socket_path: Path | None = None
     devices: str = "auto"   # auto | none | a comma-separated list of indexes or UUIDs (runner.devices)
     per_device: int = 1     # children sharing one device
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # 0: never (a worker's WorkerSpec.stall_timeout wins)
 
     def validate(self) -> RunnerOptions:
         if not self.name or not self.name.strip():
@@ -56,16 +64,8 @@ class RunnerOptions:
                 "a lease that is not longer than the interval that renews it expires between two heartbeats "
                 "(the default is --heartbeat 15 --lease 60)"
             )
-        if self.poll_seconds <= 0:
-            raise OptionsError(f"--poll must be positive, got {self.poll_seconds}")
-        if self.listen_poll_seconds <= 0:
-            raise OptionsError(f"--listen-poll must be positive, got {self.listen_poll_seconds}")
-        if self.drain_timeout < 0:
-            raise OptionsError("--drain-timeout must not be negative")
-        if self.max_runtime is not None and self.max_runtime <= 0:
-            raise OptionsError("--max-runtime must be positive")
-        if self.cancel_grace < 0 or self.kill_grace < 0:
-            raise OptionsError("--cancel-grace and --kill-grace must not be negative")
+        self._check_cadences()
+        self._check_fence_timings()
         if self.per_device < 1:
             raise OptionsError(f"--per-device must be at least 1, got {self.per_device}")
         from runner.devices import DeviceError, parse_devices
@@ -78,6 +78,21 @@ class RunnerOptions:
             raise OptionsError(f"--start-method must be one of {', '.join(START_METHODS)}")
         return self
 
+    def _check_cadences(self) -> None:
+        """The polls, the graces and the limits: positive where they are intervals, never negative."""
+        if self.poll_seconds <= 0:
+            raise OptionsError(f"--poll must be positive, got {self.poll_seconds}")
+        if self.listen_poll_seconds <= 0:
+            raise OptionsError(f"--listen-poll must be positive, got {self.listen_poll_seconds}")
+        if self.drain_timeout < 0:
+            raise OptionsError("--drain-timeout must not be negative")
+        if self.max_runtime is not None and self.max_runtime <= 0:
+            raise OptionsError("--max-runtime must be positive")
+        if self.cancel_grace < 0 or self.kill_grace < 0:
+            raise OptionsError("--cancel-grace and --kill-grace must not be negative")
+        if self.stall_timeout < 0:
+            raise OptionsError(f"--stall-timeout must not be negative (0 turns it off), got {self.stall_timeout:g}")
+
     @property
     def fence_margin(self) -> float:
         """Seconds before the lease ends at which the supervisor kills its children if not renewed.
@@ -86,6 +101,54 @@ class RunnerOptions:
         retried before, and the children are dead before another runner may expire their rows.
         """
         return min(self.heartbeat_seconds, self.lease_seconds - self.heartbeat_seconds) / 2
+
+    @property
+    def statement_seconds(self) -> float:
+        """The client-side bound of one database step of the loop (checkout to checkin, connect included),
+        also the server's ``statement_timeout`` and ``lock_timeout`` for the parent's sessions.
+
+        Derived with the fence margin (decision 0110): a heartbeat that fails at its bound leaves time for
+        one retry before the fence point, ``heartbeat + 2 * bound <= lease - fence_margin``; at least
+        ``STATEMENT_FLOOR`` where that allows, so a loaded server is not cut short; at most
+        ``STATEMENT_MAX``, so a silent network holds the loop (``status``, drains, signals) no longer than
+        that. Every step is also clipped to the fence point by the supervisor, so none ever outlives it,
+        whatever the bound."""
+        room = (self.lease_seconds - self.fence_margin - self.heartbeat_seconds) / 2
+        bound = max(STATEMENT_FLOOR, min(self.heartbeat_seconds, self.lease_seconds / 4))
+        return min(bound, room, STATEMENT_MAX)
+
+    @property
+    def connect_seconds(self) -> float:
+        """The bound of a new connection (DNS, TCP, TLS, authentication): the statement bound, at most
+        ``CONNECT_MAX``; while the database is away the loop retries with connections only, so this is
+        how long it is held at a time during a partition."""
+        return min(self.statement_seconds, CONNECT_MAX)
+
+    @property
+    def spawn_seconds(self) -> float:
+        """How long the loop waits for the fork server's answer to a spawn: the fence margin, within 0.5 s
+        (a fork on a loaded host) and ``SPAWN_ANSWER_SECONDS``; the supervisor also clips it to the fence
+        point, so a stopped fork server never holds the heartbeat or the fence back."""
+        return min(SPAWN_ANSWER_SECONDS, max(self.fence_margin, 0.5))
+
+    def _check_fence_timings(self) -> None:
+        """Refuse heartbeat/lease pairs under which the self-fence could not keep its promise: the children
+        dead before the lease ends, a statement bound that leaves a retry before the fence point."""
+        hint = "raise --lease (or lower --heartbeat); the default is --heartbeat 15 --lease 60"
+        if self.fence_margin < MIN_FENCE_MARGIN:
+            raise OptionsError(
+                f"--heartbeat {self.heartbeat_seconds:g} --lease {self.lease_seconds:g} leave a fence margin of "
+                f"{self.fence_margin:g} s (min(heartbeat, lease - heartbeat) / 2): the supervisor needs at least "
+                f"{MIN_FENCE_MARGIN:g} s between abandoning a database statement and the lease end to kill its "
+                f"children; {hint}"
+            )
+        if self.statement_seconds < MIN_STATEMENT_SECONDS:
+            raise OptionsError(
+                f"--heartbeat {self.heartbeat_seconds:g} --lease {self.lease_seconds:g} leave "
+                f"{self.statement_seconds:.3g} s for one database statement "
+                "((lease - fence margin - heartbeat) / 2: a failed heartbeat must be retried before the fence "
+                f"point), less than {MIN_STATEMENT_SECONDS:g} s; {hint}"
+            )
 
     @property
     def expiry_seconds(self) -> float:

@@ -30,6 +30,7 @@ CANCEL_FORCED = "cancel-forced"
 RUNNER_STOPPED = "runner-stopped"
 OPERATOR_INTERRUPT = "operator-interrupt"
 FORK_SERVER_DIED = "fork-server-died"
+STALLED = "stalled"  # no message and no CPU work for the stall timeout (runner.stall)
 
 
 @dataclass(slots=True)
@@ -105,7 +106,7 @@ def decide(
         out.progress = result.get("progress")
         out.metrics.update(result.get("metrics") or {})
     limits = Limits(max_runtime, cancel_grace, drain_timeout)
-    if not (_reported(out, result) or _stopped(out, kill_reason, limits, stderr_tail)):
+    if not (_reported(out, result) or _stopped(out, kill_reason, limits, stderr_tail, worker)):
         _died(out, worker, exit, signals_sent, stderr_tail, (oom_kills_before, oom_kills_after))
     return name_cuda_failure(out, exit, stderr_tail)
 
@@ -133,7 +134,7 @@ def _reported(out: Outcome, result: dict[str, Any] | None) -> bool:
     return True
 
 
-def _stopped(out: Outcome, kill_reason: str | None, limits: Limits, tail: str) -> bool:
+def _stopped(out: Outcome, kill_reason: str | None, limits: Limits, tail: str, worker: str = "") -> bool:
     """2. The supervisor stopped it (or lost its fork server), for a reason of its own."""
     if kill_reason == TIMEOUT:
         out.exit_reason = R.TIMEOUT
@@ -150,6 +151,11 @@ def _stopped(out: Outcome, kill_reason: str | None, limits: Limits, tail: str) -
     elif kill_reason == OPERATOR_INTERRUPT:
         out.status, out.exit_reason = "INTERRUPTED", R.RUNNER_STOPPED
         out.error = "RunnerStopped: interrupted by the operator (second Ctrl-C or SIGTERM to the one-shot runner)"
+    elif kill_reason == STALLED:
+        from runner.stall import stalled_error
+
+        out.exit_reason = R.STALLED
+        out.error = stalled_error(worker, None, tail, ERROR_MAX)
     elif kill_reason == FORK_SERVER_DIED:
         out.exit_reason, out.exit_code, out.exit_signal = R.SIGNAL, None, signal.SIGKILL
         out.error = "ForkServerDied: the runner's fork server died and took the child with it"

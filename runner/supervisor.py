@@ -106,6 +106,7 @@ class Supervisor(Tending, Claims, LeaseKeeping):
         self.services = Services(notifier, gpu, devices, control, wakeup, on_progress)
         self.setup = ChildSetup(database_url, child_connect_args, catalogue)
         self.db = LedgerLink(engine)
+        self.db.fence_point, self.db.fence_check = self._fence_point, self._phase_fence  # decision 0110
         self.finisher = Finisher(self.db, registration.runner_id, options, launcher.name)
         self.children = {}
         self.unstarted = {}
@@ -257,7 +258,7 @@ class Supervisor(Tending, Claims, LeaseKeeping):
 
     def _phase_control(self) -> None:
         if self.services.control is not None:
-            self.services.control.serve_pending(self._control_request)
+            self.services.control.serve_pending(self._control_request, until=self._fence_point())
 
     def _phase_finishes(self) -> None:
         if self.db.ok:

@@ -11,6 +11,7 @@ exit, for a channel that a grandchild inherited). The outcome never depends on r
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from runner import outcome, procinfo
 from runner.children import Child
 from runner.loop_state import SupervisorBase
 from runner.run_state import Action, Due, Effect, Timing
+from runner.stall import Action as StallAction
+from runner.stall import StallWatch, cpu_seconds
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -41,6 +44,8 @@ class Tending(SupervisorBase):
             child.reader.eof = True
             messages = []
             self._apply(child, child.state.stop(signal.SIGKILL, None, time.monotonic()))
+        if messages and child.stall is not None:
+            child.stall.heard(time.monotonic())
         for kind, payload in messages:
             self._on_message(child, kind, payload)
         if child.reader.eof and not child.state.channel_closed:
@@ -49,6 +54,8 @@ class Tending(SupervisorBase):
     def _on_message(self, child: Child, kind: str, payload: dict[str, Any]) -> None:
         if kind == "started":
             child.state.started(float(payload["t"]))
+            own = payload.get("stall_timeout")  # the worker's WorkerSpec.stall_timeout, if it declares one
+            child.stall = StallWatch(self.options.stall_timeout if own is None else float(own), time.monotonic())
             latency = (float(payload["t"]) - child.claimed_at) * 1000
             log.info("run %s: worker %s running in child %d (%.0f ms after the claim)",
                      child.short_id, child.run.worker_name, child.pid, latency)
@@ -82,8 +89,8 @@ class Tending(SupervisorBase):
         if self.drain.draining:
             return
         try:
-            self.launcher.start()
-            log.warning("fork server restarted")
+            self.launcher.start(wait=False)  # preloading (torch: seconds) off the loop (decision 0112)
+            log.warning("fork server restarting (claims resume when it is ready)")
         except Exception as exc:
             log.critical("the fork server cannot be restarted (%s); stopping", exc)
             self.exit_code = 1
@@ -133,7 +140,28 @@ class Tending(SupervisorBase):
     def _child_deadlines(self, child: Child) -> list[tuple[float, Callable[[], None]]]:
         """What falls due for ``child``, and when (``RunState.deadlines``), each with what to do then:
         ``_timeout`` sleeps until the earliest, ``_phase_deadlines`` does what is due."""
-        return [(at, self._act(child, due)) for at, due in child.state.deadlines(self._timing())]
+        due = [(at, self._act(child, d)) for at, d in child.state.deadlines(self._timing())]
+        state = child.state
+        if child.stall is not None and state.alive and state.kill_reason is None and state.result is None:
+            stall_at = child.stall.due_at()
+            if stall_at is not None:
+                due.append((stall_at, lambda: self._check_stall(child)))
+        return due
+
+    def _check_stall(self, child: Child) -> None:
+        """The child's stall deadline fell due: probe its CPU time, dump its stack, or stop it."""
+        assert child.stall is not None
+        action = child.stall.check(time.monotonic(), cpu_seconds(child.pid))
+        if action is StallAction.DUMP_STACK:
+            log.error("run %s (%s): child %d sent nothing and used no CPU for %.0fs (stall timeout %gs); "
+                      "dumping its stack, then stopping it", child.short_id, child.run.worker_name, child.pid,
+                      child.stall.silent_seconds_at_dump or 0, child.stall.timeout)
+            try:
+                os.kill(child.pid, signal.SIGUSR1)  # the child only: SIGUSR1 would kill what it started
+            except ProcessLookupError:
+                pass
+        elif action is StallAction.TERMINATE:
+            self._signal(child, signal.SIGTERM, outcome.STALLED)
 
     def _act(self, child: Child, due: Due) -> Callable[[], None]:
         def act() -> None:

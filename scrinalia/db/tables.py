@@ -61,6 +61,7 @@ class ExitReason(StrEnum):
     CONFIGURATION = "configuration"    # the request does not resolve / the engine cannot load: never retried
     CUDA_ERROR = "cuda-error"          # migration 0004: a CUDA error (device-side assert, illegal access, ...)
     CUDA_OOM = "cuda-oom"              # migration 0004: CUDA out of memory (not the kernel's OOM killer)
+    STALLED = "stalled"                # migration 0011: no message and no CPU work for the stall timeout
 
 
 EXIT_REASONS = tuple(reason.value for reason in ExitReason)

@@ -342,3 +342,49 @@ def run_late_result(ctx: RunContext) -> dict[str, Any] | None:
 
 
 ALL.append(_spec("late-result", run_late_result))
+
+
+# --- liveness (issue 9): stalled children, one long C call, silent CPU work -----------------------
+
+
+def run_stall(ctx: RunContext) -> None:
+    """Sleeps forever without progress: a stalled child (no message, no CPU)."""
+    print("stalling", flush=True)
+    while True:
+        time.sleep(0.5)
+
+
+def run_quiet_then_done(ctx: RunContext) -> dict[str, Any]:
+    """Silent for ``seconds`` (no message, no CPU), then done."""
+    time.sleep(float(_opt(ctx, "seconds", 5.0)))
+    return {"quiet": True}
+
+
+def run_c_call(ctx: RunContext) -> dict[str, Any]:
+    """One C call that holds the GIL for ``seconds`` (libc sleep through ctypes.PyDLL, which keeps the
+    GIL): no thread of the child runs, nothing is sent, no CPU is used."""
+    libc = ctypes.PyDLL(None)
+    libc.sleep.argtypes = [ctypes.c_uint]
+    libc.sleep(int(_opt(ctx, "seconds", 5)))
+    return {"slept": int(_opt(ctx, "seconds", 5))}
+
+
+def run_busy_silent(ctx: RunContext) -> dict[str, Any]:
+    """Burns CPU for about ``seconds`` in ONE C call (PBKDF2, its iterations calibrated first), without a
+    message: alive, by its CPU time."""
+    import hashlib
+
+    began = time.monotonic()
+    hashlib.pbkdf2_hmac("sha256", b"stall", b"salt", 200_000)
+    per_iteration = max(1e-9, (time.monotonic() - began) / 200_000)
+    iterations = int(float(_opt(ctx, "seconds", 10.0)) / per_iteration)
+    hashlib.pbkdf2_hmac("sha256", b"stall", b"salt", iterations)
+    return {"iterations": iterations}
+
+
+ALL.extend([
+    _spec("stall", run_stall),
+    _spec("quiet-unwatched", run_quiet_then_done, stall_timeout=0),
+    _spec("c-call", run_c_call),
+    _spec("busy-silent", run_busy_silent),
+])

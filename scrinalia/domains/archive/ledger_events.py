@@ -3,7 +3,10 @@
 One LISTEN connection (raw libpq through ``psycopg.pq``, in non-blocking mode) that a loop drives:
 the runner's supervisor puts ``fileno()`` in its ``select`` and calls ``step()``; the API's event hub
 does the same with asyncio's ``add_reader``. Nothing here waits: connecting is libpq's asynchronous
-``connect_start``/``connect_poll``, reading is ``consume_input``/``notifies``. A failure closes the
+``connect_start``/``connect_poll``, reading is ``consume_input``/``notifies``. libpq resolves a host
+name inside ``connect_start``, synchronously, so a host name (not an address, no ``hostaddr``) is
+resolved first on a helper thread and handed to libpq as ``hostaddr`` (``host`` stays, for TLS's name
+check): a slow DNS server holds no loop either (decision 0110). A failure closes the
 connection and schedules a retry with a backoff (0.5 s doubling to 30 s), so a database that is away
 costs the loop nothing.
 
@@ -13,15 +16,18 @@ Every time the LISTEN becomes active (the first time and after each reconnect) `
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg import pq
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq.abc import PGconn
 from sqlalchemy import Engine
 
@@ -98,7 +104,8 @@ class LedgerListener:
         self._conninfo = conninfo.encode()
         self.name = name
         self._pg: PGconn | None = None
-        self.state = "down"  # down | connecting | subscribing | listening
+        self.state = "down"  # down | resolving | connecting | subscribing | listening
+        self._resolving: dict[str, Any] | None = None  # the helper thread's answer box
         self._poll = pq.PollingStatus.WRITING
         self._connect_deadline = 0.0
         self._retry_delay = RETRY_MIN_SECONDS
@@ -126,6 +133,8 @@ class LedgerListener:
         """CLOCK_MONOTONIC moment at which ``step`` must run without a readable socket."""
         if self.state == "down":
             return self._next_attempt
+        if self.state == "resolving":
+            return time.monotonic() + CONNECT_STEP_SECONDS
         if self.state == "connecting":
             if self._poll == pq.PollingStatus.READING:
                 return self._connect_deadline
@@ -138,7 +147,10 @@ class LedgerListener:
         try:
             if self.state == "down":
                 if now >= self._next_attempt:
-                    self._start(now)
+                    self._resolve(now)
+                return []
+            if self.state == "resolving":
+                self._resolved(now)
                 return []
             if self.state == "connecting":
                 return self._connect_step(now)
@@ -154,12 +166,48 @@ class LedgerListener:
             except Exception:
                 pass
         self._pg = None
+        self._resolving = None
         self.state = "down"
 
     # --- internals ---
 
-    def _start(self, now: float) -> None:
-        self._pg = pq.PGconn.connect_start(self._conninfo)
+    def _resolve(self, now: float) -> None:
+        """Start the connection: at once for an address or a unix socket, else after the host name
+        has been resolved on a helper thread (``_resolved``)."""
+        params = conninfo_to_dict(self._conninfo.decode())
+        host = str(params.get("host") or "")
+        if not host or params.get("hostaddr") or "," in host or host.startswith("/") or _is_address(host):
+            self._start(now, self._conninfo)
+            return
+        box: dict[str, Any] = {"params": params, "deadline": now + CONNECT_TIMEOUT_SECONDS}
+        port = int(str(params.get("port") or 5432).split(",")[0])
+
+        def lookup() -> None:
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                box["addr"] = str(infos[0][4][0])
+            except OSError as exc:
+                box["error"] = exc
+            box["done"] = True
+
+        threading.Thread(target=lookup, name="listener-dns", daemon=True).start()
+        self._resolving = box
+        self.state = "resolving"
+
+    def _resolved(self, now: float) -> None:
+        box = self._resolving
+        assert box is not None
+        if not box.get("done"):
+            if now > box["deadline"]:
+                raise TimeoutError(f"the host name was not resolved within {CONNECT_TIMEOUT_SECONDS:g} s")
+            return
+        self._resolving = None
+        if "error" in box:
+            raise ConnectionError(f"the host name does not resolve: {box['error']}")
+        self._start(now, make_conninfo("", **{**box["params"], "hostaddr": box["addr"]}).encode())
+
+    def _start(self, now: float, conninfo: bytes) -> None:
+        self._pg = pq.PGconn.connect_start(conninfo)
         if self._pg.status == pq.ConnStatus.BAD:
             raise ConnectionError(self._error_message())
         self._pg.nonblocking = 1
@@ -232,3 +280,11 @@ class LedgerListener:
             return "no connection"
         msg = self._pg.error_message.decode("utf-8", errors="replace").strip()
         return msg.splitlines()[0] if msg else "connection failed"
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

@@ -18,6 +18,7 @@ const REASONS = {
   configuration: 'the configuration cannot run here (a setting, a model directory); not retried by the scheduler',
   'cuda-error': 'a CUDA error (device-side assert, illegal memory access, ...) killed the run',
   'cuda-oom': 'CUDA ran out of GPU memory (not the host’s OOM killer)',
+  stalled: 'the child sent nothing and used no CPU for its stall timeout: its Python stack is in the error',
 };
 
 /** What an operator may retry (the API's RETRYABLE). */

@@ -419,7 +419,10 @@ class WorkerSpec:
       that owns devices (``--devices``) such a run takes a device slot. False: a CPU-only worker, which
       takes no slot and whose child sees no GPU (``CUDA_VISIBLE_DEVICES=""``);
     * ``gpu_memory_bytes``: the GPU memory a run needs; a runner claims the run only when NVML reports
-      that much free on a device with a free slot (see ``gpu_memory_needed`` for engines and presets).
+      that much free on a device with a free slot (see ``gpu_memory_needed`` for engines and presets);
+    * ``stall_timeout``: seconds a run may go without a message or CPU work before the runner dumps its
+      stack and stops it (FAILED ``stalled``); None: the runner's ``--stall-timeout``; 0: never
+      (``runner.stall``, decision 0111).
     """
 
     name: str
@@ -436,6 +439,7 @@ class WorkerSpec:
     requires: tuple[str, ...] = ()
     gpu: bool = True
     gpu_memory_bytes: int | None = None
+    stall_timeout: float | None = None
     engines: Mapping[str, EngineSpec] = field(default_factory=dict)
     default_engine: str | None = None
     queue: Any = None  # a StampQueue (scrinalia.domains.archive.stamps) for document workers
