@@ -1,7 +1,7 @@
 """A run whose child stalled says so: exit_reason 'stalled'.
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-12-01
 
 The runner stops a child that sends no message and uses no CPU for its stall timeout, after dumping its
@@ -12,7 +12,7 @@ hung run from a crashed one.
 from alembic import op
 
 revision = "0011"
-down_revision = "0009"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
