@@ -116,18 +116,23 @@ SEED_RUNS = text(
 )
 
 
+def seed_documents(conn, n_docs: int) -> None:
+    """``n_docs`` documents with their stamps (some stale, some failed) and two cleaning rules."""
+    conn.execute(SEED_DOCUMENTS, {"n": n_docs})
+    conn.execute(STAMP_DOCUMENTS)
+    conn.execute(STAMP_QUALITY)
+    conn.execute(text(
+        "INSERT INTO archive_cleaning_rules (name, kind, field, pattern, replacement) VALUES "
+        "('trim-dots', 'REWRITE', 'title', '\\.+$', ''), ('spaces', 'REWRITE', 'title', '\\s{2,}', ' ')"))
+    conn.execute(STAMP_CLEANING)
+
+
 def seed(engine, n_runs: int, n_docs: int, n_runners: int) -> None:
     from scrinalia.db import migrate
 
     t0 = time.perf_counter()
     with engine.begin() as conn:
-        conn.execute(SEED_DOCUMENTS, {"n": n_docs})
-        conn.execute(STAMP_DOCUMENTS)
-        conn.execute(STAMP_QUALITY)
-        conn.execute(text(
-            "INSERT INTO archive_cleaning_rules (name, kind, field, pattern, replacement) VALUES "
-            "('trim-dots', 'REWRITE', 'title', '\\.+$', ''), ('spaces', 'REWRITE', 'title', '\\s{2,}', ' ')"))
-        conn.execute(STAMP_CLEANING)
+        seed_documents(conn, n_docs)
         conn.execute(SEED_RUNNERS, {"n": n_runners, "revision": migrate.head_revision()})
         runner = conn.execute(text("SELECT runner_id FROM archive_worker_runners LIMIT 1")).scalar_one()
     step = 200_000

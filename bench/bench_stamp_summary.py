@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import text
 
 from bench._pg import bench_database, percentile
-from bench.bench_api import SEED_DOCUMENTS, STAMP_CLEANING, STAMP_DOCUMENTS, STAMP_QUALITY
+from bench.bench_api import seed_documents
 from scrinalia.db.engine import create_engine_from_url
 
 TRIGGERS = ("archive_stamp_counts_insert", "archive_stamp_counts_update", "archive_stamp_counts_delete",
@@ -48,13 +48,7 @@ def set_triggers(engine, on: bool) -> None:
 def seed(engine, n_docs: int) -> float:
     t0 = time.perf_counter()
     with engine.begin() as conn:
-        conn.execute(SEED_DOCUMENTS, {"n": n_docs})
-        conn.execute(STAMP_DOCUMENTS)
-        conn.execute(STAMP_QUALITY)
-        conn.execute(text(
-            "INSERT INTO archive_cleaning_rules (name, kind, field, pattern, replacement) VALUES "
-            "('trim-dots', 'REWRITE', 'title', '\\.+$', ''), ('spaces', 'REWRITE', 'title', '\\s{2,}', ' ')"))
-        conn.execute(STAMP_CLEANING)
+        seed_documents(conn, n_docs)
     seconds = time.perf_counter() - t0
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE"))
