@@ -13,8 +13,9 @@ worker's slot busy until ``--runs`` runs were enqueued; meanwhile a fault inject
     db-restart     ``pg_ctl restart -m fast``                        -> nothing fails
     stall          (per run, at enqueue) a batch that sleeps inside its transaction: 1 s (commits) or
                    6 s (longer than the idle-in-transaction bound: retried until the lease, then FAILED)
-    partition      ``--partition-start CMD`` / ``--partition-stop CMD``: shell commands run around a
-                   partition of ``--partition-seconds`` (no default: the hook for a network fault)
+    partition      every packet to or from the cluster's port dropped for ``--partition-seconds`` (an
+                   nftables table of its own, as in tests/runner/netfault.py: root and nft needed, else
+                   skipped), or ``--partition-start CMD`` / ``--partition-stop CMD`` around it
 
 At the end (every run terminal, the daemons drained) it asserts, from the database alone:
 
@@ -56,6 +57,7 @@ from scrinalia.db import migrate
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.db.local_cluster import LocalCluster
 from scrinalia.domains.archive import ledger
+from tests.runner.netfault import drop_port, nft_available
 from tests.runner.workers import STAMPER_TABLE_SQL
 
 PLUGINS = "tests.runner.workers:ALL"
@@ -168,7 +170,7 @@ class Soak:
         return [d for d in self.daemons if d.proc is not None and d.proc.poll() is None and not d.stopped]
 
     def inject(self) -> None:
-        kinds = [k for k in self.args.faults if k != "partition" or self.args.partition_start]
+        kinds = [k for k in self.args.faults if k != "partition" or self.args.partition_start or nft_available()]
         kind = self.rng.choice(kinds)
         now = time.time()
         if kind in ("child-kill", "child-stop"):
@@ -212,10 +214,14 @@ class Soak:
         elif kind == "db-restart" and self.cluster is not None:
             restart_cluster(self.cluster)
             self.faults.append(Fault(kind, now, time.time()))
-        elif kind == "partition":
+        elif kind == "partition" and self.args.partition_start:
             subprocess.run(self.args.partition_start, shell=True, check=False)
             time.sleep(self.args.partition_seconds)
             subprocess.run(self.args.partition_stop, shell=True, check=False)
+            self.faults.append(Fault(kind, now, time.time()))
+        elif kind == "partition" and self.cluster is not None:
+            with drop_port(self.cluster.port):  # silent: no RST, no ICMP (a VPN that goes away)
+                time.sleep(self.args.partition_seconds)
             self.faults.append(Fault(kind, now, time.time()))
 
     # --- the loop ----------------------------------------------------------------------------------
