@@ -34,13 +34,15 @@ def parent_engine(url: DatabaseUrl | str, options: RunnerOptions, settings: Sett
     """The supervisor's engine. Every step is bounded, so the loop can always reach its self-fence:
     on the client (``runner.bounded``: a step that outlives ``statement_seconds``, or the fence point the
     supervisor clips it to, is abandoned; a connection is made off the loop and waited for at most
-    ``connect_seconds``), and on the server (statement_timeout and lock_timeout, tcp_user_timeout).
+    ``connect_seconds``), and on the server (statement_timeout and lock_timeout, a share of the client's
+    bound so that the server's "blocked" comes first while it answers; tcp_user_timeout).
     libpq's connect_timeout (whole seconds, at least 2) only ends the abandoned attempt's helper thread.
     No pre-ping: one heartbeat is one statement, and a failed one is retried by the loop anyway."""
     bound_ms = max(1, int(options.statement_seconds * 1000))
+    server_ms = max(1, int(options.server_statement_seconds * 1000))  # fires first while the server answers
     connect_args: dict[str, Any] = {
         "connect_timeout": max(2, math.ceil(options.connect_seconds)),
-        "options": f"-c statement_timeout={bound_ms} -c lock_timeout={bound_ms}",
+        "options": f"-c statement_timeout={server_ms} -c lock_timeout={server_ms}",
         "tcp_user_timeout": bound_ms,
     }
     engine = create_engine_from_url(

@@ -21,6 +21,7 @@ MIN_FENCE_MARGIN = 0.1       # seconds the self-fence needs between abandoning a
 MIN_STATEMENT_SECONDS = 0.1  # the shortest statement bound worth sending (one round trip on a loaded host)
 STATEMENT_FLOOR = 2.0        # the bound is at least this much where the lease leaves room for it
 STATEMENT_MAX = 5.0          # and at most this much: the loop (status, the fence) waits on no step longer
+SERVER_SHARE = 0.8  # the server's statement and lock timeouts, as a share of the client's bound
 CONNECT_MAX = 2.0            # a new connection (DNS, TCP, TLS, auth) takes at most this much (libpq's minimum)
 SPAWN_ANSWER_SECONDS = 5.0   # the longest the loop waits for the fork server to answer a spawn
 START_METHODS = ("forkserver", "spawn")
@@ -104,8 +105,10 @@ class RunnerOptions:
 
     @property
     def statement_seconds(self) -> float:
-        """The client-side bound of one database step of the loop (checkout to checkin, connect included),
-        also the server's ``statement_timeout`` and ``lock_timeout`` for the parent's sessions.
+        """The client-side bound of one database step of the loop (checkout to checkin, connect included).
+        The server's ``statement_timeout`` and ``lock_timeout`` for the parent's sessions are a share of
+        it (``server_statement_seconds``), so that a server that answers says "blocked" itself before the
+        client abandons the step as "unreachable".
 
         Derived with the fence margin (decision 0110): a heartbeat that fails at its bound leaves time for
         one retry before the fence point, ``heartbeat + 2 * bound <= lease - fence_margin``; at least
@@ -116,6 +119,13 @@ class RunnerOptions:
         room = (self.lease_seconds - self.fence_margin - self.heartbeat_seconds) / 2
         bound = max(STATEMENT_FLOOR, min(self.heartbeat_seconds, self.lease_seconds / 4))
         return min(bound, room, STATEMENT_MAX)
+
+    @property
+    def server_statement_seconds(self) -> float:
+        """The server-side bound of the parent's statements: ``SERVER_SHARE`` of ``statement_seconds``. The
+        server's timeout fires first while it answers (a lock or a slow statement: the truthful
+        "blocked"); the client's bound only acts when it does not (a silent network: "unreachable")."""
+        return self.statement_seconds * SERVER_SHARE
 
     @property
     def connect_seconds(self) -> float:
