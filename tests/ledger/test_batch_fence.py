@@ -62,6 +62,23 @@ def _write(run_id: uuid.UUID, hold: threading.Event | None = None, entered: thre
     return write
 
 
+def _open_batch(engine: Engine, run: ledger.WorkerRun):
+    """A batch started on a thread and held open inside its transaction, after its write: ``(thread, hold,
+    entered, outcome)``; ``hold.set()`` lets it commit; ``outcome["value"]`` is its result or its error."""
+    hold, entered = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def batch():
+        try:
+            outcome["value"] = _context(engine, run).commit(_write(run.run_id, hold, entered))
+        except BaseException as exc:
+            outcome["value"] = exc
+
+    thread = threading.Thread(target=batch)
+    thread.start()
+    return thread, hold, entered, outcome
+
+
 def _probes(engine: Engine, run_id: uuid.UUID) -> int:
     with engine.connect() as conn:
         return conn.execute(text("SELECT count(*) FROM fence_probe WHERE run_id = :r"), {"r": run_id}).scalar_one()
@@ -78,17 +95,7 @@ def test_a_batch_inside_its_lease_commits_and_leaves_no_fence_row(probe):
 def test_a_batch_whose_lease_ends_while_it_is_open_is_refused_at_commit(probe):
     """The old fence checked the lease when the batch began: this batch committed 1 s after its lease."""
     run, _ = _claimed(probe, 60)
-    hold, entered = threading.Event(), threading.Event()
-    outcome: dict[str, BaseException | str] = {}
-
-    def batch():
-        try:
-            outcome["value"] = _context(probe, run).commit(_write(run.run_id, hold, entered))
-        except BaseException as exc:
-            outcome["value"] = exc
-
-    thread = threading.Thread(target=batch)
-    thread.start()
+    thread, hold, entered, outcome = _open_batch(probe, run)
     assert entered.wait(30)
     with probe.begin() as conn:  # the lease ends while the batch is open (nobody expires the row)
         conn.execute(text("UPDATE archive_worker_runs SET lease_expires_at = clock_timestamp() + interval '0.3 s' "
@@ -127,17 +134,7 @@ def test_the_commit_time_check_raises_its_own_sqlstate(probe):
 def test_an_open_batch_holds_nothing_the_protocol_waits_on(probe, bounded):
     """Issue 9, defects 1 and 2: the old fence's FOR UPDATE made every one of these wait on the row."""
     run, runner_id = _claimed(probe, 4)
-    hold, entered = threading.Event(), threading.Event()
-    outcome: dict[str, object] = {}
-
-    def batch():
-        try:
-            outcome["value"] = _context(probe, run).commit(_write(run.run_id, hold, entered))
-        except BaseException as exc:
-            outcome["value"] = exc
-
-    thread = threading.Thread(target=batch)
-    thread.start()
+    thread, hold, entered, outcome = _open_batch(probe, run)
     try:
         assert entered.wait(30)
         started = time.monotonic()
