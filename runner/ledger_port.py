@@ -167,6 +167,11 @@ class LedgerPort(Protocol):
         """The registry row marked stopped; False when it was unknown or stopped already."""
         ...
 
+    def request_drain(self, runner_id: uuid.UUID, requested_by: str | None = None) -> bool:
+        """The API's drain request (the runner learns it from its next heartbeat); False for an unknown or
+        stopped runner."""
+        ...
+
     # --- a child's batch ------------------------------------------------------------------------------
 
     def begin_batch(self, run_id: uuid.UUID, runner_id: uuid.UUID) -> BatchTransaction:

@@ -125,6 +125,9 @@ class PostgresLedger:
     def stop(self, runner_id: uuid.UUID) -> bool:
         return registry.stop(self.engine, runner_id)
 
+    def request_drain(self, runner_id: uuid.UUID, requested_by: str | None = None) -> bool:
+        return registry.request_drain(self.engine, runner_id, requested_by)
+
     # --- a child's batch ------------------------------------------------------------------------------
 
     def begin_batch(self, run_id: uuid.UUID, runner_id: uuid.UUID) -> PostgresBatch:
