@@ -91,9 +91,9 @@ class Starts:
                 del self.unstarted[run.run_id]
                 self.begin(run, claimed_at)
         for wait in list(self.waiting.values()):
-            if self._launcher_ready():
+            if self._launcher_ready() and self.db.ok and not self.lease.fenced:
                 del self.waiting[wait.run.run_id]
-                self._spawn(wait.run, wait.resolved, wait.claimed_at)
+                self._retry_spawn(wait)
         if self.waiting and self.drain.draining and self.drain.deadline is not None \
                 and self.clock.monotonic() >= self.drain.deadline:
             for wait in list(self.waiting.values()):
@@ -105,6 +105,20 @@ class Starts:
         if self.waiting and self.drain.draining and self.drain.deadline is not None:
             moments.append(self.drain.deadline)
         return moments
+
+    def _retry_spawn(self, wait: Waiting) -> None:
+        """The launcher answers again: the run is spawned if it is still ours. ``record_start`` again (the
+        same fields: idempotent) is the fenced check, since the lease may have passed meanwhile."""
+        try:
+            held = self.db.call("record_start", self.db.ledger.record_start, wait.run.run_id, self.runner_id,
+                                **_record_start_fields(wait.resolved))
+        except DatabaseDown:
+            self.waiting[wait.run.run_id] = wait
+            return
+        if not held:
+            self.finisher.lost(wait.run, "its row was not ours any more when the launcher answered; no child")
+            return
+        self._spawn(wait.run, wait.resolved, wait.claimed_at)
 
     def _launcher_ready(self) -> bool:
         return self.launcher.healthy() and not self.launcher.stalled

@@ -88,9 +88,10 @@ class Lease:
             self.effects.fence(child)
 
     def due(self) -> list[float]:
-        if self.deadline is None or not self.children:
-            return []
-        return [self.deadline - self.timings.fence_margin]
+        """The fence point while a live child has one. Not once the children were fenced: a killed child
+        whose exit report is late (a stopped fork server) must not make the loop spin on a past moment."""
+        point = self.fence_point()
+        return [] if point is None else [point]
 
 
 class Heartbeat:
