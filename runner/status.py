@@ -150,7 +150,16 @@ def _header_lines(status: dict[str, Any]) -> list[str]:
         f"  {len(status['children'])}/{status['concurrency']} busy  capabilities {','.join(status['capabilities'])}"
         f"  launcher {status['launcher'].get('start_method')}",
         "  counters " + " ".join(f"{k}={v}" for k, v in status["counters"].items()),
+        *_timing_lines(status.get("timings") or {}),
     ]
+
+
+def _timing_lines(timings: dict[str, Any]) -> list[str]:
+    """The effective time quantities (runner.timings), a few to a line."""
+    import textwrap
+
+    items = [f"{name}=-" if v.get("seconds") is None else f"{name}={v['seconds']:g}s" for name, v in timings.items()]
+    return textwrap.wrap(" ".join(items), width=116, initial_indent="  timings ", subsequent_indent="          ")
 
 
 def _child_line(c: dict[str, Any]) -> str:

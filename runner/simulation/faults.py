@@ -46,6 +46,7 @@ class ChildPlan:
 
     batches: int
     compute: float
+    write: float = 0.005               # seconds of writes inside each batch's transaction
     crash_at: int | None = None
     stall_at: int | None = None
     long_call_at: int | None = None
@@ -84,7 +85,8 @@ class FaultPlan:
                     "statement_hang": rng.uniform(0.5, 2 * lease), "slow_statements": rng.uniform(1, 3 * lease),
                     "refused_connections": rng.uniform(0.2, 1.5 * lease), "partition_one": rng.uniform(0.3, 2 * lease),
                     "partition_all": rng.uniform(0.3, 1.5 * lease), "db_restart": rng.uniform(0.2, 3.0),
-                    "db_failover": rng.uniform(1.0, 1.5 * lease), "row_lock_frozen_session": rng.uniform(0.5, 2 * lease),
+                    "db_failover": rng.uniform(1.0, 1.5 * lease),
+                    "row_lock_frozen_session": rng.uniform(0.5, 2 * lease),
                     "answer_lost": rng.uniform(0.5, lease), "fork_server_stop": rng.uniform(0.3, 3 * lease),
                     "runner_sigstop": rng.uniform(0.2, 2 * lease), "control_client_never_reads": rng.uniform(0.5, 5),
                     "wall_clock_jump": rng.uniform(-7200, 7200),
@@ -99,6 +101,7 @@ class FaultPlan:
         rng, dials = self.rng, self.dials.child
         batches = rng.randint(1, 6)
         compute = rng.uniform(0.02, 0.6)
+        write = rng.uniform(0.001, 0.05)
         roll = rng.random()
         edge = 0.0
         for kind in ("child_crash", "child_stall", "child_long_c_call", "child_slow_batch", "child_late_commit"):
@@ -107,13 +110,13 @@ class FaultPlan:
                 self.counts[kind] += 1
                 at = rng.randrange(batches)
                 if kind == "child_crash":
-                    return ChildPlan(batches, compute, crash_at=at)
+                    return ChildPlan(batches, compute, write, crash_at=at)
                 if kind == "child_stall":
-                    return ChildPlan(batches, compute, stall_at=at)
+                    return ChildPlan(batches, compute, write, stall_at=at)
                 if kind == "child_long_c_call":
-                    return ChildPlan(batches, compute, long_call_at=at,
+                    return ChildPlan(batches, compute, write, long_call_at=at,
                                      long_call=rng.uniform(1.0, 2.5) * self.stall_timeout)
                 if kind == "child_slow_batch":
-                    return ChildPlan(batches, compute, slow_at=at, slow_factor=rng.uniform(5, 20))
-                return ChildPlan(batches, compute, freeze_at=at, freeze=rng.uniform(0.2, 2.5 * self.lease))
-        return ChildPlan(batches, compute)
+                    return ChildPlan(batches, compute, write, slow_at=at, slow_factor=rng.uniform(5, 20))
+                return ChildPlan(batches, compute, write, freeze_at=at, freeze=rng.uniform(0.2, 2.5 * self.lease))
+        return ChildPlan(batches, compute, write)

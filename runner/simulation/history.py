@@ -8,6 +8,7 @@ end invariants are checked. A runner killed or drained is replaced by a new one 
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import uuid
@@ -79,9 +80,10 @@ class Simulation:
         heartbeat, lease = CADENCES[self.rng.randrange(len(CADENCES))]
         self.cadence = (heartbeat, lease)
         self.poll = self.rng.choice((0.25, 0.5, 1.0))
-        self.options_template = dict(heartbeat_seconds=heartbeat, lease_seconds=lease, poll_seconds=self.poll,
-                                     listen=False, drain_timeout=4.0, cancel_grace=2.0, kill_grace=1.0,
-                                     stall_timeout=3.0, devices="none", start_method="forkserver", preload=())
+        self.options_template: dict[str, Any] = dict(
+            heartbeat_seconds=heartbeat, lease_seconds=lease, poll_seconds=self.poll, listen=False,
+            drain_timeout=4.0, cancel_grace=2.0, kill_grace=1.0,
+            stall_timeout=3.0, devices="none", start_method="forkserver", preload=())
         self.timings = RunnerOptions(name="template", **self.options_template).validate().timings
         self.db = MemoryDatabase(clock=self.world.db_now, elapse=elapse_for(self.world))
         self.api = self.db.session(lock_timeout_s=5.0, name="api")
@@ -89,6 +91,7 @@ class Simulation:
         self.faults = FaultPlan(self.rng, dials or Dials(), lease, 3.0)
         self.hosts: list[Host] = []
         self.children: dict[int, SimChild] = {}
+        self.live: dict[int, SimChild] = {}  # the children alive now, with their run
         self.excuses: dict[str, list[tuple[float, float]]] = {}
         self.checker = Checker(self)
         self.world.after_step = self.checker.check_step
@@ -114,16 +117,18 @@ class Simulation:
 
     def child_started(self, child: SimChild) -> None:
         self.children[child.pid] = child
+        self.live[child.pid] = child
         self.world.trace(child.host.name, f"child {child.pid} runs {child.run_id} ({child.plan})")
 
     def child_died(self, child: SimChild) -> None:
+        self.live.pop(child.pid, None)
         self.world.trace(child.host.name, f"child {child.pid} ended: {child.exit.describe() if child.exit else '?'}")
 
     def batch_committed(self, child: SimChild, index: int) -> None:
         self.world.trace(child.host.name, f"child {child.pid} committed batch {index}")
 
     def live_children(self) -> list[SimChild]:
-        return [c for c in self.children.values() if c.alive]
+        return list(self.live.values())
 
     def excused(self, host: Host, since: float, until: float) -> bool:
         """Whether a fault touched ``host``'s path (its database path, its process, its rows) in [since, until]."""
@@ -298,7 +303,7 @@ class Simulation:
             world.at(self.rng.uniform(0.0, 1.0), self._enqueue)
             world.at(self.rng.uniform(0.5, 2.0), self._status_query)
             for fault in self.faults.schedule(3, ACTIVE_SECONDS):
-                world.at(fault.at, lambda fault=fault: self._inject(fault))
+                world.at(fault.at, functools.partial(self._inject, fault))
             world.run_until(ACTIVE_SECONDS + self.settle_seconds)
             if not self.stop_now:
                 self.checker.check_end()

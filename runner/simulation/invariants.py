@@ -59,6 +59,8 @@ class Checker:
         self._batches_seen = 0
         self._free_since: dict[str, float] = {}
         self._fenced: dict[str, bool] = {}
+        self._statements_seen = -1
+        self._queued: list[dict[str, Any]] = []
 
     def report(self, invariant: str, detail: str) -> None:
         world = self.sim.world
@@ -71,14 +73,19 @@ class Checker:
     def check_step(self) -> None:
         if self.sim.stop_now:
             return
-        self._slots()
+        statements = self.sim.db.statements
+        if statements != self._statements_seen:  # only a statement changes rows
+            self._statements_seen = statements
+            self._slots()
+            self._queued = [row for row in self.sim.db.runs.values() if row["status"] == "QUEUED"]
         self._children()
         self._batches()
         self._free_runners()
         self._fences()
 
     def _slots(self) -> None:
-        active = Counter(row["worker_name"] for row in self.sim.db.runs.values() if row["status"] in ("QUEUED", "RUNNING"))
+        rows = self.sim.db.runs.values()
+        active = Counter(row["worker_name"] for row in rows if row["status"] in ("QUEUED", "RUNNING"))
         for worker, count in active.items():
             if count > 1:
                 self.report("one_active_row_per_worker", f"{count} active rows for worker {worker}")
@@ -94,14 +101,15 @@ class Checker:
         sim = self.sim
         now = sim.world.db_now()
         live: Counter[Any] = Counter()
-        for child in sim.live_children():
+        for child in sim.live.values():
             if child.run_id is None or self._exempt(child.host):
                 continue
             live[child.run_id] += 1
             row = sim.db.by_run_id.get(child.run_id)
             if row is None or row["status"] != "RUNNING" or row["runner_id"] != child.runner_id \
                     or row["lease_expires_at"] <= now:
-                state = "gone" if row is None else f"{row['status']} by {row['runner_id']} until {row['lease_expires_at']}"
+                state = ("gone" if row is None
+                         else f"{row['status']} by {row['runner_id']} until {row['lease_expires_at']}")
                 self.report("child_dead_before_lease_end",
                             f"child {child.pid} of {child.host.name} alive, its run {child.run_id} is {state} at {now}")
         for run_id, count in live.items():
@@ -119,13 +127,16 @@ class Checker:
     def _free_runners(self) -> None:
         sim = self.sim
         now = sim.world.now
-        queued = [row for row in sim.db.runs.values() if row["status"] == "QUEUED"
-                  and (row["not_before"] is None or row["not_before"] <= sim.world.db_now())]
+        queued = self._queued
+        if not queued and not self._free_since:
+            return
+        db_now = sim.world.db_now()
+        queued = [row for row in queued if row["not_before"] is None or row["not_before"] <= db_now]
         for host in sim.hosts:
             sup = host.supervisor
-            free = (sup is not None and host.serving and not host.stopped and not host.killed
-                    and sup.poll.may_claim()
-                    and any(row["worker_name"] in sup.capabilities for row in queued))
+            free = (sup is not None and queued and host.serving and not host.stopped and not host.killed
+                    and any(row["worker_name"] in sup.capabilities for row in queued)
+                    and sup.poll.may_claim())
             if not free:
                 self._free_since.pop(host.name, None)
                 continue
@@ -136,7 +147,8 @@ class Checker:
             allowed = sup.poll.interval() + SERVE_BUDGET + 2 * sim.timings.statement_seconds
             if now - since > allowed:
                 self.report("free_runner_claims_within_poll",
-                            f"{host.name} free for {now - since:.3f}s with a claimable QUEUED row (poll {sup.poll.interval():g}s)")
+                            f"{host.name} free for {now - since:.3f}s with a claimable QUEUED row "
+                            f"(poll {sup.poll.interval():g}s)")
 
     def _fences(self) -> None:
         sim = self.sim

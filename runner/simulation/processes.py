@@ -68,7 +68,8 @@ class SimChild:
 
     @property
     def frozen(self) -> bool:
-        return self.actor is not None and self.actor.frozen_until is not None and self.actor.frozen_until > self.world.now
+        actor = self.actor
+        return actor is not None and actor.frozen_until is not None and actor.frozen_until > self.world.now
 
     def cpu_seconds(self) -> float:
         extra = 0.0
@@ -154,6 +155,7 @@ class SimChild:
                     batch.rollback()
                     return {"status": None, "lease_lost": True, "error": "LeaseLost: the lease was gone at the batch"}
                 batch.payload = (self.pid, index)
+                self.world.sleep(self.plan.write)  # the batch's writes, inside its transaction
                 if self.plan.freeze_at == index:
                     self.world.freeze(self.actor, self.world.now + self.plan.freeze)  # type: ignore[arg-type]
                     self.world.sleep(0.0)  # a SIGSTOP between the batch's writes and its COMMIT
@@ -444,7 +446,8 @@ class Host:
 
     @property
     def stopped(self) -> bool:
-        return self.actor is not None and self.actor.frozen_until is not None and self.actor.frozen_until > self.world.now
+        actor = self.actor
+        return actor is not None and actor.frozen_until is not None and actor.frozen_until > self.world.now
 
     @property
     def thawed_at(self) -> float | None:
