@@ -167,7 +167,7 @@ def test_a_deeply_nested_or_forged_notification_is_dropped_and_the_connection_st
     wakeup = Wakeup(lst, ["w"])
     with engine.begin() as conn:
         for payload in ("[" * 7000, '{"kind":"run","run_id":"x","worker":"w","status":"QUEUED","cancel":false}',
-                        '{"kind":"run","run_id":"%s","worker":"w","status":"QUEUED","cancel":"yes"}' % uuid.uuid4()):
+                        f'{{"kind":"run","run_id":"{uuid.uuid4()}","worker":"w","status":"QUEUED","cancel":"yes"}}'):
             conn.execute(text("SELECT pg_notify('scrinalia_ledger', :p)"), {"p": payload})
     deadline = time.monotonic() + 5
     while len(dropped) < 3 and time.monotonic() < deadline:
