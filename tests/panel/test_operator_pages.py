@@ -214,7 +214,7 @@ def test_a_stale_marker_when_the_api_does_not_answer(page):
     expect(page.locator("#stale-bar")).to_be_hidden()
     page.route("**/api/v1/system/**", lambda route: route.abort())
     nudge(page)
-    expect(page.locator("#stale-bar")).to_contain_text("Stale: the API does not answer")
+    expect(page.locator("#stale-bar")).to_contain_text("Stale since")
     expect(page.locator("body")).to_have_attribute("data-stale", "true")
     shot(page, "36-stale")
     page.unroute("**/api/v1/system/**")
