@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 
 from runner import procinfo, wire
 from runner.outcome import fit_error, format_error
+from scrinalia.domains.archive.run_ids import short_id
 
 PR_SET_PDEATHSIG = 1
 EXIT_ORPHANED = 76   # the parent was already gone at start, or went away
@@ -107,7 +108,7 @@ class ParentLink:
 
     def __init__(self, sock: socket.socket, run: Any) -> None:
         self.sock = sock
-        self.short_id = run.run_id.hex[:8]
+        self.short_id = short_id(run.run_id)
         self.worker = run.worker_name
         self.batch_size: int | None = None
         self.progress: dict[str, Any] | None = None
