@@ -759,6 +759,16 @@ class DatabaseOutage(RuntimeError):
     """The database stayed unreachable (or blocked) for longer than the run's lease: the run fails."""
 
 
+class BatchHeldOpen(DatabaseOutage):
+    """The worker's own batch transaction stayed idle past ``idle_in_transaction_session_timeout``
+    (lease / 2, decision 0101), so the server ended it: the worker computes inside ``ctx.commit``. Not
+    the database's fault, and trying again would hold it again (decision 0145)."""
+
+
+#: The server ended a transaction left idle past ``idle_in_transaction_session_timeout``.
+IDLE_IN_TRANSACTION_SQLSTATE = "25P03"
+
+
 def lease_of(run: WorkerRun) -> float:
     """A claimed run's lease, as its claim set it (``lease_expires_at - heartbeat_at``, one ``now()``)."""
     if run.lease_expires_at is not None and run.heartbeat_at is not None:
@@ -768,12 +778,24 @@ def lease_of(run: WorkerRun) -> float:
     return DEFAULT_LEASE_SECONDS
 
 
+def _held_open(what: str, bound_seconds: float, exc: BaseException) -> BatchHeldOpen:
+    return BatchHeldOpen(
+        f"the worker held its batch transaction open longer than lease/2 ({bound_seconds / 2:g} s, the "
+        f"database's idle_in_transaction_session_timeout) during {what}: compute before ctx.commit, not "
+        f"inside it ({describe_database_error(exc)})")
+
+
 def retry_database(what: str, attempt: Callable[[], T], bound_seconds: float) -> T:
     """``attempt()``, tried again on a new connection while the database is ``unreachable`` or
     ``blocked`` (decision 0103), for at most ``bound_seconds`` after the first failure (decision 0104);
-    then ``DatabaseOutage``. The batch fence's refusal is ``LeaseLost``; any other error is raised."""
+    then ``DatabaseOutage``. The batch fence's refusal is ``LeaseLost``; any other error is raised.
+
+    A transaction the server ended for idling (25P03) is tried once more (a child that was frozen and
+    resumed deserves it: the fence then decides); twice in a row, the attempt itself holds it open, and
+    ``BatchHeldOpen`` names that cause at once instead of "the database stayed blocked"."""
     deadline: float | None = None
     tries = 0
+    idled = 0
     while True:
         try:
             return attempt()
@@ -784,9 +806,15 @@ def retry_database(what: str, attempt: Callable[[], T], bound_seconds: float) ->
             state = classify_database_error(exc)
             if state not in ("unreachable", "blocked"):
                 raise
+            sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+            idled = idled + 1 if sqlstate == IDLE_IN_TRANSACTION_SQLSTATE else 0
+            if idled >= 2:
+                raise _held_open(what, bound_seconds, exc) from None
             now = time.monotonic()
             deadline = deadline if deadline is not None else now + bound_seconds
             if now >= deadline:
+                if idled:
+                    raise _held_open(what, bound_seconds, exc) from None
                 raise DatabaseOutage(
                     f"the database stayed {state} for longer than the run's lease ({bound_seconds:g} s) "
                     f"during {what}: {describe_database_error(exc)}") from None
