@@ -115,6 +115,7 @@ def registration(
     kind: str,
     schema_revision: str | None,
     devices: list[dict[str, Any]] | None = None,
+    sees: dict[str, Any] | None = None,
 ) -> RunnerRegistration:
     return RunnerRegistration(
         runner_id=uuid.uuid4(),
@@ -130,4 +131,5 @@ def registration(
         poll_seconds=options.poll_seconds if kind == "daemon" else None,
         kind=kind,
         devices=devices or [],
+        sees=sees or {},
     )
