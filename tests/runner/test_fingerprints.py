@@ -28,8 +28,9 @@ def test_a_batch_held_open_past_lease_over_two_is_named_for_what_it_is(runner_en
     assert done.returncode == 1, done.stderr
     row = json.loads(done.stdout)
     assert row["status"] == "FAILED", row
-    assert row['error'].startswith("BatchHeldOpen: the worker held its batch transaction open longer than lease/2 "
-                                "(2 s, the database's idle_in_transaction_session_timeout) during batch 1"), row['error']
+    error = row["error"]
+    assert error.startswith("BatchHeldOpen: the worker held its batch transaction open longer than lease/2 "
+                            "(2 s, the database's idle_in_transaction_session_timeout) during batch 1"), error
     assert row['error_fingerprint'].startswith(
         "batchheldopen: the worker held its batch transaction open longer than lease/<n>"), row['error_fingerprint']
     assert "stayed blocked" not in row['error']

@@ -106,7 +106,8 @@ def test_a_ner_run_takes_its_model_directory_from_the_command_line(runner_env, e
     from tests.workers.helpers import insert_docs
 
     model = str(tiny_models.make_ner_model(tmp_path / "ner"))
-    insert_docs(engine, [{"reference_code": "N1", "title": "Letters of Maria Joaquina to the Camara Municipal de Lisboa"}])
+    title = "Letters of Maria Joaquina to the Camara Municipal de Lisboa"
+    insert_docs(engine, [{"reference_code": "N1", "title": title}])
     missing = _run(runner_env, "ner", *FAST)
     assert missing.returncode == 2 and "engine_options.model" in missing.stderr, missing.stderr
     done = _run(runner_env, "ner", "--engine-option", f"model={model}", "--preset", "cpu", "--json", *FAST,
