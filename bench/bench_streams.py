@@ -116,7 +116,8 @@ def main() -> None:
     print(json.dumps({
         "streams": args.streams,
         "api_db_connections": connections,
-        "me_samples": len(latencies), "me_ms_p50": round(percentile(latencies, 0.5), 1), "me_ms_p95": round(percentile(latencies, 0.95), 1),
+        "me_samples": len(latencies),
+        "me_ms_p50": round(percentile(latencies, 0.5), 1), "me_ms_p95": round(percentile(latencies, 0.95), 1),
         "frames_per_stream_min": min(frames), "frames_per_stream_max": max(frames),
         "db_transactions_per_s_idle": round(idle, 2),
         "db_transactions_per_s_with_streams": round(with_streams, 2),
