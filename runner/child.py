@@ -9,7 +9,7 @@ It is started either by the fork server (forked from a preloaded interpreter) or
 2. receives its assignment over that socket: the claimed ``WorkerRun``, its configuration as the
    supervisor resolved it (and already wrote with the fenced ``record_start``), how to reach the database;
 3. runs the worker through ``RunContext``, reporting progress (throttled) and showing it in its process
-   title (``scrinalia-runner: run 1a2b3c4d embedding batch 7/30``);
+   title (``scrinalia-runner: run 9f3c2a7d4e1b embedding batch 7/30``, the short id of run_ids.short_id);
 4. sends its result (status, summary, error, metrics) and exits. It never writes the run's row: the
    parent writes the terminal status, fenced. A crash sends nothing; the parent reads the exit status.
 """

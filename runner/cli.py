@@ -310,6 +310,9 @@ def _run_request(worker: str, engine_name: str | None, preset: str | None, db_ba
         for pair in pairs:
             try:
                 key, text = parse_option(pair, flag)
+                if section == "options" and key.startswith("engine_options."):
+                    raise click.UsageError(f"{flag} {pair!r}: an engine option takes --engine-option "
+                                           f"{key.removeprefix('engine_options.')}=VALUE")
                 values[key] = option_from_text(spec, section, key, text, chosen)
             except InvalidRunRequest as exc:
                 _fail(opts.EXIT_USAGE, str(exc))

@@ -110,6 +110,8 @@ def test_a_ner_run_takes_its_model_directory_from_the_command_line(runner_env, e
     insert_docs(engine, [{"reference_code": "N1", "title": title}])
     missing = _run(runner_env, "ner", *FAST)
     assert missing.returncode == 2 and "engine_options.model" in missing.stderr, missing.stderr
+    dotted = _run(runner_env, "ner", "--option", f"engine_options.model={model}", *FAST)
+    assert dotted.returncode == 2 and "--engine-option model=VALUE" in dotted.stderr, dotted.stderr
     done = _run(runner_env, "ner", "--engine-option", f"model={model}", "--preset", "cpu", "--json", *FAST,
                 timeout=300)
     assert done.returncode == 0, done.stderr
