@@ -16,8 +16,18 @@ def command() -> None:
 @command.command("upgrade")
 @click.argument("revision", default="head")
 def upgrade(revision: str) -> None:
-    """Migrate DATABASE_URL up to REVISION (default: head)."""
-    migrate.upgrade(get_settings().require_database_url(), revision)
+    """Migrate DATABASE_URL up to REVISION (default: head).
+
+    Exit 7, changing nothing, when the database is already at a revision this release does not know (a
+    newer release migrated it: upgrade this installation instead); exit 2 for a REVISION that no bundled
+    migration has."""
+    try:
+        migrate.upgrade(get_settings().require_database_url(), revision)
+    except migrate.UnknownTarget as exc:
+        raise click.UsageError(str(exc)) from None
+    except migrate.SchemaAhead as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(exc.exit_code) from None
     click.echo(f"database at {revision}")
 
 
