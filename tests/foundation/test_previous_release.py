@@ -1,0 +1,233 @@
+"""The previous release on the head schema (issue 18, expand/contract, decision 0125).
+
+The deploy order is migrate -> API -> scheduler -> runner, so between ``scrinalia db upgrade`` and their
+replacement the previous release's API and runner keep serving on the new schema. Here they are the
+real thing: the release of ``PREVIOUS_RELEASE`` (tests/foundation/previous_release.py: its tree and its
+own virtual environment, cached outside the repository), its database made by its own
+``scrinalia db upgrade``, its API and its runner daemon as processes, started before the upgrade as
+they would be in production. After this checkout's ``scrinalia db upgrade``: the old API logs in and
+reads, the old runner claims a run the old API enqueued and its child runs it to SUCCESS, the account the
+old release locked before the upgrade and the one it locks after it stay locked, for the old API and
+for this release's API alike. And this release's runner refuses the previous schema with the right words.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from scrinalia.db import migrate
+from scrinalia.db.engine import create_engine_from_url
+from scrinalia.db.local_cluster import free_port
+from tests.api.live import live_api
+from tests.foundation.previous_release import PREVIOUS_SCHEMA_HEAD, PreviousRelease, previous_release
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "correct horse battery staple"
+WRONG = "not the password at all"
+THRESHOLD = 3  # the lockout threshold of both APIs here (API_LOCKOUT_THRESHOLD)
+
+# The first build of the previous release's environment (once per machine) takes minutes.
+pytestmark = pytest.mark.timeout(1800)
+
+
+@pytest.fixture(scope="module")
+def release() -> PreviousRelease:
+    built = previous_release()
+    if built.build_seconds:
+        print(f"\nbuilt the previous release's environment in {built.build_seconds:.0f} s")
+    return built
+
+
+class Process:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc, self.log_path = proc, log
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextmanager
+def process(argv: list[str], env: dict[str, str], cwd: Path) -> Iterator[Process]:
+    """A real process with its output in a file; SIGTERM at the end (SIGKILL if it lingers)."""
+    log = Path(tempfile.mkdtemp(prefix="scrinalia-prev-")) / "out.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    try:
+        yield Process(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def wait_until(predicate, timeout: float, what: str, alive: Process | None = None):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if alive is not None and alive.proc.poll() is not None:
+            raise AssertionError(f"{what}: the process exited {alive.proc.returncode}:\n{alive.log()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
+                                 + (f":\n{alive.log()[-3000:]}" if alive else ""))
+        time.sleep(0.1)
+
+
+def answers(base: str) -> bool:
+    try:
+        httpx.get(f"{base}/healthz", timeout=2)
+        return True
+    except httpx.HTTPError:
+        return False
+
+
+def login(base: str, email: str, password: str) -> httpx.Response:
+    return httpx.post(f"{base}/api/v1/auth/login", json={"email": email, "password": password, "issue_token": True},
+                      timeout=30)
+
+
+def bearer(base: str, email: str) -> dict[str, str]:
+    r = login(base, email, PASSWORD)
+    assert r.status_code == 200, r.text
+    return {"Authorization": f"Bearer {r.json()['token']}"}
+
+
+def lock_out(base: str, email: str) -> None:
+    """``THRESHOLD`` wrong passwords: the last answer is the lock (423)."""
+    answers_ = [login(base, email, WRONG).status_code for _ in range(THRESHOLD)]
+    assert answers_[:-1] == [401] * (THRESHOLD - 1) and answers_[-1] == 423, answers_
+
+
+def old_cli(release: PreviousRelease, url: str, *args: str, stdin: str | None = None) -> str:
+    done = subprocess.run([release.python, "-m", "scrinalia.cli.main", *args], cwd=release.src,
+                          env=release.env(url), input=stdin, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def head_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "RUNNER_", "DB_", "PG"))}
+    env.update(DATABASE_URL=url, PYTHONPATH=str(ROOT), SCRINALIA_WORKER_PLUGINS="tests.runner.workers:ALL")
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def previous_schema(release: PreviousRelease, url: str) -> None:
+    """The database as that release's own ``scrinalia db upgrade`` leaves it, with its users."""
+    old_cli(release, url, "db", "upgrade")
+    for email, role in (("admin@example.org", "ADMIN"), ("early@example.org", "VIEWER"),
+                        ("late@example.org", "VIEWER")):
+        old_cli(release, url, "users", "create", email, "--role", role, "--password-stdin", stdin=PASSWORD + "\n")
+
+
+def revision(url: str) -> str | None:
+    engine = create_engine_from_url(url)
+    try:
+        with engine.connect() as conn:
+            return migrate.current_revision(conn)
+    finally:
+        engine.dispose()
+
+
+def registered_runner(url: str, name: str) -> str | None:
+    engine = create_engine_from_url(url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(text("SELECT runner_id::text FROM archive_worker_runners "
+                                      "WHERE name = :n AND stopped_at IS NULL"), {"n": name}).scalar()
+            return str(found) if found else None
+    finally:
+        engine.dispose()
+
+
+def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(release, empty_database_url,
+                                                                              tmp_path):
+    url = empty_database_url
+    previous_schema(release, url)
+    assert revision(url) == PREVIOUS_SCHEMA_HEAD
+    port = free_port()
+    old_base = f"http://127.0.0.1:{port}"
+    api_env = release.env(url, API_COOKIE_SECURE="false", API_LOGIN_RATE_LIMIT="1000",
+                          API_LOCKOUT_THRESHOLD=str(THRESHOLD))
+    runner_argv = [release.python, "-m", "runner.cli", "daemon", "--name", "previous-release", "--preload", "none",
+                   "--start-method", "spawn", "--poll", "0.5", "--heartbeat", "1", "--lease", "10",
+                   "--socket", str(tmp_path / "previous.sock")]
+    with process([release.python, "-m", "scrinalia.cli.main", "api", "--port", str(port), "--log-level", "warning"],
+                 api_env, release.src) as old_api, \
+         process(runner_argv, release.env(url), release.src) as old_runner:
+        wait_until(lambda: answers(old_base), 90, "the previous release's API", old_api)
+        old_runner_id = wait_until(lambda: registered_runner(url, "previous-release"), 90,
+                                   "the previous release's runner to register", old_runner)
+        lock_out(old_base, "early@example.org")  # locked by the previous release, before the upgrade
+
+        upgraded = head_cli(url, "-m", "scrinalia.cli.main", "db", "upgrade")
+        assert upgraded.returncode == 0, upgraded.stderr
+        assert revision(url) == migrate.head_revision() != PREVIOUS_SCHEMA_HEAD
+
+        # The previous release's API on the head schema: login, authenticated reads, its lockouts.
+        admin = bearer(old_base, "admin@example.org")
+        for path in ("/api/v1/auth/me", "/api/v1/system/runs", "/api/v1/system/runners", "/api/v1/system/workers"):
+            r = httpx.get(f"{old_base}{path}", headers=admin, timeout=30)
+            assert r.status_code == 200, (path, r.status_code, r.text, old_api.log()[-3000:])
+        assert login(old_base, "early@example.org", PASSWORD).status_code == 423
+        lock_out(old_base, "late@example.org")  # locked by the previous release, after the upgrade
+
+        # Its runner claims what its API enqueues, and a real child runs the worker to SUCCESS.
+        r = httpx.post(f"{old_base}/api/v1/system/workers/ok/runs", json={"options": {"units": 3}},
+                       headers=admin, timeout=30)
+        assert r.status_code == 201, r.text
+        run_id = r.json()["run_id"]
+
+        def finished():
+            got = httpx.get(f"{old_base}/api/v1/system/runs/{run_id}", headers=admin, timeout=30)
+            assert got.status_code == 200, got.text
+            body = got.json()
+            run = body.get("run", body)
+            return run if run["status"] not in ("QUEUED", "RUNNING") else None
+
+        run = wait_until(finished, 120, "the previous release's runner to finish the run", old_runner)
+        assert run["status"] == "SUCCESS", (run, old_runner.log()[-3000:])
+        assert str(run["runner_id"]) == old_runner_id
+
+        # This release's API, started in the window (migrate -> API): the same lockouts hold for it, and it
+        # reads what the previous release's runner wrote.
+        with live_api(url, workers=1, cli=True, API_LOCKOUT_THRESHOLD=str(THRESHOLD),
+                      API_LOGIN_RATE_LIMIT="1000") as new_api:
+            for email in ("early@example.org", "late@example.org"):
+                r = login(new_api.base, email, PASSWORD)
+                assert r.status_code == 423, (email, r.status_code, r.text)
+            head_admin = bearer(new_api.base, "admin@example.org")
+            r = httpx.get(f"{new_api.base}/api/v1/system/runs/{run_id}", headers=head_admin, timeout=30)
+            assert r.status_code == 200 and "SUCCESS" in r.text, r.text
+            r = httpx.get(f"{new_api.base}/api/v1/system/runners", headers=head_admin, timeout=30)
+            assert r.status_code == 200 and old_runner_id in r.text, r.text
+        assert old_runner.proc.poll() is None, old_runner.log()[-3000:]
+        assert "Traceback" not in old_api.log(), old_api.log()[-3000:]
+        old_runner.proc.send_signal(signal.SIGTERM)
+        assert old_runner.proc.wait(timeout=60) == 0, old_runner.log()[-3000:]
+
+
+def test_the_head_runner_refuses_the_previous_schema_with_migrate_first(release, empty_database_url, tmp_path):
+    url = empty_database_url
+    old_cli(release, url, "db", "upgrade")
+    done = head_cli(url, "-m", "runner.cli", "daemon", "--name", "head", "--preload", "none",
+                    "--socket", str(tmp_path / "head.sock"))
+    assert done.returncode == migrate.EXIT_SCHEMA_BEHIND, done.stderr
+    assert (f"the database schema is at revision {PREVIOUS_SCHEMA_HEAD} but this runner needs "
+            f"{migrate.head_revision()}; migrate first with `scrinalia db upgrade`") in done.stderr, done.stderr
