@@ -5,7 +5,8 @@ replacement the previous release's API and runner keep serving on the new schema
 real thing: the release of ``PREVIOUS_RELEASE`` (tests/foundation/previous_release.py: its tree and its
 own virtual environment, cached outside the repository), its database made by its own
 ``scrinalia db upgrade``, its API and its runner daemon as processes, started before the upgrade as
-they would be in production. After this checkout's ``scrinalia db upgrade``: the old API logs in and
+they would be in production, the runner as its least-privilege role. After this checkout's
+``scrinalia db upgrade`` and ``scrinalia db runner-role`` (step 1 of the deploy): the old API logs in and
 reads, the old runner claims a run the old API enqueued and its child runs it to SUCCESS, the account the
 old release locked before the upgrade and the one it locks after it stay locked, for the old API and
 for this release's API alike. And this release's runner refuses the previous schema with the right words.
@@ -22,9 +23,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import uuid
+
 import httpx
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from scrinalia.db import migrate
 from scrinalia.db.engine import create_engine_from_url
@@ -122,18 +126,27 @@ def old_cli(release: PreviousRelease, url: str, *args: str, stdin: str | None = 
     return done.stdout
 
 
-def head_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def head_cli(url: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "RUNNER_", "DB_", "PG"))}
-    env.update(DATABASE_URL=url, PYTHONPATH=str(ROOT), SCRINALIA_WORKER_PLUGINS="tests.runner.workers:ALL")
+    env.update(DATABASE_URL=url, PYTHONPATH=str(ROOT), SCRINALIA_WORKER_PLUGINS="tests.runner.workers:ALL", **extra)
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-def previous_schema(release: PreviousRelease, url: str) -> None:
-    """The database as that release's own ``scrinalia db upgrade`` leaves it, with its users."""
+ROLE_PASSWORD = "runner-secret"
+
+
+def previous_schema(release: PreviousRelease, url: str, runner_role: str) -> str:
+    """The database as that release's own ``scrinalia db upgrade`` leaves it, with its users and its
+    runner's least-privilege role (``scrinalia db runner-role``); the role's URL."""
     old_cli(release, url, "db", "upgrade")
     for email, role in (("admin@example.org", "ADMIN"), ("early@example.org", "VIEWER"),
                         ("late@example.org", "VIEWER")):
         old_cli(release, url, "users", "create", email, "--role", role, "--password-stdin", stdin=PASSWORD + "\n")
+    done = subprocess.run([release.python, "-m", "scrinalia.cli.main", "db", "runner-role", "--role", runner_role],
+                          cwd=release.src, env=release.env(url, RUNNER_DB_PASSWORD=ROLE_PASSWORD),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return make_url(url).set(username=runner_role, password=ROLE_PASSWORD).render_as_string(hide_password=False)
 
 
 def revision(url: str) -> str | None:
@@ -156,10 +169,22 @@ def registered_runner(url: str, name: str) -> str | None:
         engine.dispose()
 
 
+def runner_sessions(url: str) -> set[str]:
+    engine = create_engine_from_url(url)
+    try:
+        with engine.connect() as conn:
+            return set(conn.execute(text(
+                "SELECT usename FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'scrinalia-runner'")).scalars())
+    finally:
+        engine.dispose()
+
+
 def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(release, empty_database_url,
                                                                               tmp_path):
     url = empty_database_url
-    previous_schema(release, url)
+    runner_role = f"prev_runner_{uuid.uuid4().hex[:8]}"
+    role_url = previous_schema(release, url, runner_role)
     assert revision(url) == PREVIOUS_SCHEMA_HEAD
     port = free_port()
     old_base = f"http://127.0.0.1:{port}"
@@ -170,15 +195,20 @@ def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(re
                    "--socket", str(tmp_path / "previous.sock")]
     with process([release.python, "-m", "scrinalia.cli.main", "api", "--port", str(port), "--log-level", "warning"],
                  api_env, release.src) as old_api, \
-         process(runner_argv, release.env(url), release.src) as old_runner:
+         process(runner_argv, release.env(url, RUNNER_DATABASE_URL=role_url), release.src) as old_runner:
         wait_until(lambda: answers(old_base), 90, "the previous release's API", old_api)
         old_runner_id = wait_until(lambda: registered_runner(url, "previous-release"), 90,
                                    "the previous release's runner to register", old_runner)
+        assert runner_sessions(url) == {runner_role}, "the previous runner connects as its own role"
         lock_out(old_base, "early@example.org")  # locked by the previous release, before the upgrade
 
+        # Step 1 of the deploy: this release's migrations, then its grants for the runner's role.
         upgraded = head_cli(url, "-m", "scrinalia.cli.main", "db", "upgrade")
         assert upgraded.returncode == 0, upgraded.stderr
         assert revision(url) == migrate.head_revision() != PREVIOUS_SCHEMA_HEAD
+        granted = head_cli(url, "-m", "scrinalia.cli.main", "db", "runner-role", "--role", runner_role,
+                           RUNNER_DB_PASSWORD=ROLE_PASSWORD)
+        assert granted.returncode == 0, granted.stderr
 
         # The previous release's API on the head schema: login, authenticated reads, its lockouts.
         admin = bearer(old_base, "admin@example.org")
