@@ -15,6 +15,7 @@ from runner.options import RunnerOptions
 from scrinalia import __version__
 from scrinalia.db import migrate
 from scrinalia.db.engine import connect_args_for, create_engine_from_url
+
 # The refusals of ``check_schema``, where the runner's callers have always found them.
 from scrinalia.db.migrate import SchemaAhead as SchemaAhead
 from scrinalia.db.migrate import SchemaBehind as SchemaBehind

@@ -56,7 +56,8 @@ def cache_root() -> Path:
 def _run(argv: list[str], cwd: Path | None = None, timeout: float = 1800) -> None:
     done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}):\n"
+                           f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
 def _export_tree(commit: str, into: Path) -> None:

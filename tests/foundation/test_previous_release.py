@@ -19,11 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import uuid
 
 import httpx
 import pytest
