@@ -16,7 +16,8 @@ replacement. Its lockouts are carried into the new buckets, not dropped: once he
 count or a lock gets its ``account`` bucket), and for every lockout it records after the upgrade by the
 trigger ``trg_auth_users_carry_lockout``, so an account that release locked is still locked for this one.
 This code never reads or writes the columns; the release after this one drops them and the trigger (its
-contract step, declared in that migration's ``CONTRACT``).
+contract step), declaring in that migration ``CONTRACT = ("column auth_users.failed_attempts integer",
+"default auth_users.failed_attempts", ...)``: the facts of tests/foundation/schema_facts.py it removes.
 """
 from alembic import op
 from sqlalchemy import text

@@ -5,9 +5,9 @@ replacement the previous release's API and runner keep serving on the new schema
 real thing: the release of ``PREVIOUS_RELEASE`` (tests/foundation/previous_release.py: its tree and its
 own virtual environment, cached outside the repository), its database made by its own
 ``scrinalia db upgrade``, its API and its runner daemon as processes, started before the upgrade as
-they would be in production, the runner as its least-privilege role. After this checkout's
+they would be in production (its scheduler too), the runner as its least-privilege role. After this checkout's
 ``scrinalia db upgrade`` and ``scrinalia db runner-role`` (step 1 of the deploy): the old API logs in and
-reads, the old runner claims a run the old API enqueued and its child runs it to SUCCESS, the account the
+reads, the old runner claims a run the old API enqueued and its child runs it to SUCCESS, its scheduler fires a schedule, the account the
 old release locked before the upgrade and the one it locks after it stay locked, for the old API and
 for this release's API alike. And this release's runner refuses the previous schema with the right words.
 """
@@ -168,6 +168,47 @@ def registered_runner(url: str, name: str) -> str | None:
         engine.dispose()
 
 
+def finished(base: str, headers: dict[str, str], run_id: str) -> dict | None:
+    got = httpx.get(f"{base}/api/v1/system/runs/{run_id}", headers=headers, timeout=30)
+    assert got.status_code == 200, got.text
+    run = got.json()
+    return run if run["status"] not in ("QUEUED", "RUNNING") else None
+
+
+def seed_archive(url: str) -> None:
+    """Three documents and one REWRITE rule for the cleaning worker."""
+    engine = create_engine_from_url(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO archive_documents (reference_code, title) "
+                              "SELECT 'REF-' || i, 'Draft letter ' || i FROM generate_series(1, 3) AS i"))
+            conn.execute(text("INSERT INTO archive_cleaning_rules (name, kind, field, pattern, replacement) "
+                              "VALUES ('no drafts', 'REWRITE', 'title', '^Draft ', '')"))
+    finally:
+        engine.dispose()
+
+
+def titles(url: str) -> list[str]:
+    engine = create_engine_from_url(url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(text("SELECT title FROM archive_documents ORDER BY id")).scalars())
+    finally:
+        engine.dispose()
+
+
+def scheduled_run(url: str, worker: str) -> tuple[str, str] | None:
+    engine = create_engine_from_url(url)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(text(
+                "SELECT status::text, runner_id::text FROM archive_worker_runs WHERE worker_name = :w "
+                "AND trigger = 'SCHEDULE' AND status NOT IN ('QUEUED', 'RUNNING')"), {"w": worker}).first()
+            return (row[0], row[1]) if row else None
+    finally:
+        engine.dispose()
+
+
 def runner_sessions(url: str) -> set[str]:
     engine = create_engine_from_url(url)
     try:
@@ -184,6 +225,7 @@ def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(re
     url = empty_database_url
     runner_role = f"prev_runner_{uuid.uuid4().hex[:8]}"
     role_url = previous_schema(release, url, runner_role)
+    seed_archive(url)
     assert revision(url) == PREVIOUS_SCHEMA_HEAD
     port = free_port()
     old_base = f"http://127.0.0.1:{port}"
@@ -194,7 +236,9 @@ def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(re
                    "--socket", str(tmp_path / "previous.sock")]
     with process([release.python, "-m", "scrinalia.cli.main", "api", "--port", str(port), "--log-level", "warning"],
                  api_env, release.src) as old_api, \
-         process(runner_argv, release.env(url, RUNNER_DATABASE_URL=role_url), release.src) as old_runner:
+         process(runner_argv, release.env(url, RUNNER_DATABASE_URL=role_url), release.src) as old_runner, \
+         process([release.python, "-m", "scrinalia.cli.main", "scheduler", "run", "--interval", "0.5"],
+                 release.env(url), release.src) as old_scheduler:
         wait_until(lambda: answers(old_base), 90, "the previous release's API", old_api)
         old_runner_id = wait_until(lambda: registered_runner(url, "previous-release"), 90,
                                    "the previous release's runner to register", old_runner)
@@ -223,16 +267,23 @@ def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(re
         assert r.status_code == 201, r.text
         run_id = r.json()["run_id"]
 
-        def finished():
-            got = httpx.get(f"{old_base}/api/v1/system/runs/{run_id}", headers=admin, timeout=30)
-            assert got.status_code == 200, got.text
-            body = got.json()
-            run = body.get("run", body)
-            return run if run["status"] not in ("QUEUED", "RUNNING") else None
-
-        run = wait_until(finished, 120, "the previous release's runner to finish the run", old_runner)
+        run = wait_until(lambda: finished(old_base, admin, run_id), 120, "the previous runner to finish the run",
+                         old_runner)
         assert run["status"] == "SUCCESS", (run, old_runner.log()[-3000:])
         assert str(run["runner_id"]) == old_runner_id
+
+        # A worker of its catalogue that writes the archive (through this release's document triggers).
+        r = httpx.post(f"{old_base}/api/v1/system/workers/cleaning/runs", json={}, headers=admin, timeout=30)
+        assert r.status_code == 201, r.text
+        cleaning_id = r.json()["run_id"]
+        run = wait_until(lambda: finished(old_base, admin, cleaning_id), 120, "the cleaning run", old_runner)
+        assert run["status"] == "SUCCESS", (run, old_runner.log()[-3000:])
+        assert titles(url) == ["letter 1", "letter 2", "letter 3"]
+
+        # Its scheduler fires a schedule added in the window, and its runner runs that too.
+        old_cli(release, url, "scheduler", "add", "noop", "--every", "60")
+        scheduled = wait_until(lambda: scheduled_run(url, "noop"), 120, "the scheduled run to finish", old_scheduler)
+        assert scheduled == ("SUCCESS", old_runner_id), (scheduled, old_runner.log()[-3000:])
 
         # This release's API, started in the window (migrate -> API): the same lockouts hold for it, and it
         # reads what the previous release's runner wrote.
@@ -248,6 +299,7 @@ def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(re
             assert r.status_code == 200 and old_runner_id in r.text, r.text
         assert old_runner.proc.poll() is None, old_runner.log()[-3000:]
         assert "Traceback" not in old_api.log(), old_api.log()[-3000:]
+        assert "Traceback" not in old_scheduler.log() and old_scheduler.proc.poll() is None, old_scheduler.log()
         old_runner.proc.send_signal(signal.SIGTERM)
         assert old_runner.proc.wait(timeout=60) == 0, old_runner.log()[-3000:]
 
