@@ -1,15 +1,16 @@
 """The previous release on the head schema (issue 18, expand/contract, decision 0125).
 
 The deploy order is migrate -> API -> scheduler -> runner, so between ``scrinalia db upgrade`` and their
-replacement the previous release's API and runner keep serving on the new schema. Here they are the
-real thing: the release of ``PREVIOUS_RELEASE`` (tests/foundation/previous_release.py: its tree and its
-own virtual environment, cached outside the repository), its database made by its own
-``scrinalia db upgrade``, its API and its runner daemon as processes, started before the upgrade as
-they would be in production (its scheduler too), the runner as its least-privilege role. After this checkout's
-``scrinalia db upgrade`` and ``scrinalia db runner-role`` (step 1 of the deploy): the old API logs in and
-reads, the old runner claims a run the old API enqueued and its child runs it to SUCCESS, its scheduler fires a schedule, the account the
-old release locked before the upgrade and the one it locks after it stay locked, for the old API and
-for this release's API alike. And this release's runner refuses the previous schema with the right words.
+replacement the previous release's processes keep serving on the new schema. Here they are the real
+thing: the release of ``PREVIOUS_RELEASE`` (tests/foundation/previous_release.py: its tree and its own
+virtual environment, cached outside the repository), its database made by its own ``scrinalia db
+upgrade``, its API, scheduler and runner daemon (as its least-privilege role) as processes, started
+before the upgrade as they would be in production. After this checkout's ``scrinalia db upgrade`` and
+``scrinalia db runner-role`` (step 1 of the deploy): the old API logs in and reads; the old runner claims
+the runs the old API enqueues and its children run them to SUCCESS (one of them writes the archive);
+the old scheduler fires a schedule; the account the old release locked before the upgrade and the one
+it locks after it stay locked, for the old API and for this release's API alike. And this release's
+runner refuses the previous schema with the right words.
 """
 from __future__ import annotations
 
