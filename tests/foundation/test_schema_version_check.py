@@ -112,3 +112,16 @@ def test_db_upgrade_on_a_schema_behind_migrates_it(empty_database_url):
     done = _run([sys.executable, "-m", "scrinalia.cli.main", "db", "upgrade"], empty_database_url)
     assert done.returncode == 0, done.stderr
     assert _revision(empty_database_url) == migrate.head_revision()
+
+
+def test_no_unit_restarts_on_a_schema_behind_or_ahead():
+    """A restart fixes neither mismatch, so a unit that restarts on failure must not loop on 4 or 7."""
+    units = sorted((ROOT / "systemd").glob("*.service"))
+    assert units
+    for unit in units:
+        lines = [line.strip() for line in unit.read_text().splitlines()]
+        if "Restart=on-failure" not in lines and "Restart=always" not in lines:
+            continue
+        prevented = {int(code) for line in lines if line.startswith("RestartPreventExitStatus=")
+                     for code in line.split("=", 1)[1].split()}
+        assert {migrate.EXIT_SCHEMA_BEHIND, migrate.EXIT_SCHEMA_AHEAD} <= prevented, unit.name
