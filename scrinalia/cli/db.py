@@ -33,14 +33,18 @@ def upgrade(revision: str) -> None:
 
 @command.command("current")
 def current() -> None:
-    """Print the database's revision and the bundled head."""
+    """Print the database's revision (behind or ahead of this release) and the bundled head; exit 1 when
+    they differ."""
     engine = app_engine(get_settings(), application_name="scrinalia-cli")
     with engine.connect() as conn:
         revision = migrate.current_revision(conn)
     engine.dispose()
     head = migrate.head_revision()
-    click.echo(f"database: {revision or '(none)'}\nbundled head: {head}")
-    if revision != head:
+    state = migrate.schema_state(revision)
+    said = {"current": "", "behind": " (behind this release: scrinalia db upgrade)",
+            "ahead": " (ahead of this release: a newer release migrated it; upgrade this installation)"}[state]
+    click.echo(f"database: {revision or '(none)'}{said}\nbundled head: {head}")
+    if state != "current":
         raise SystemExit(1)
 
 

@@ -5,8 +5,9 @@ replacement the previous release's processes keep serving on the new schema. Her
 thing: the release of ``PREVIOUS_RELEASE`` (tests/foundation/previous_release.py: its tree and its own
 virtual environment, cached outside the repository), its database made by its own ``scrinalia db
 upgrade``, its API, scheduler and runner daemon (as its least-privilege role) as processes, started
-before the upgrade as they would be in production. After this checkout's ``scrinalia db upgrade`` and
-``scrinalia db runner-role`` (step 1 of the deploy): the old API logs in and reads; the old runner claims
+before the upgrade as they would be in production, a run in flight during it. After this checkout's
+``scrinalia db upgrade`` and ``scrinalia db runner-role`` (step 1 of the deploy): that run ends SUCCESS;
+the old API logs in and reads; the old runner claims
 the runs the old API enqueues and its children run them to SUCCESS (one of them writes the archive);
 the old scheduler fires a schedule; the account the old release locked before the upgrade and the one
 it locks after it stay locked, for the old API and for this release's API alike. And this release's
@@ -33,6 +34,7 @@ from sqlalchemy.engine import make_url
 from scrinalia.db import migrate
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.db.local_cluster import free_port
+from scrinalia.domains.identity.passwords import hash_password
 from tests.api.live import live_api
 from tests.foundation.previous_release import PREVIOUS_SCHEMA_HEAD, PreviousRelease, previous_release
 
@@ -133,19 +135,28 @@ def head_cli(url: str, *args: str, **extra: str) -> subprocess.CompletedProcess[
 
 
 ROLE_PASSWORD = "runner-secret"
+USERS = (("admin@example.org", "ADMIN"), ("early@example.org", "VIEWER"), ("late@example.org", "VIEWER"))
 
 
 def previous_schema(release: PreviousRelease, url: str, runner_role: str) -> str:
-    """The database as that release's own ``scrinalia db upgrade`` leaves it, with its users and its
-    runner's least-privilege role (``scrinalia db runner-role``); the role's URL."""
+    """The database as that release's own ``scrinalia db upgrade`` leaves it, with its runner's
+    least-privilege role (its ``scrinalia db runner-role``) and three users; the role's URL. The users are
+    inserted directly (one argon2 hash for all, as its ``users create`` would store it): each command of
+    the release costs seconds of imports."""
     old_cli(release, url, "db", "upgrade")
-    for email, role in (("admin@example.org", "ADMIN"), ("early@example.org", "VIEWER"),
-                        ("late@example.org", "VIEWER")):
-        old_cli(release, url, "users", "create", email, "--role", role, "--password-stdin", stdin=PASSWORD + "\n")
     done = subprocess.run([release.python, "-m", "scrinalia.cli.main", "db", "runner-role", "--role", runner_role],
                           cwd=release.src, env=release.env(url, RUNNER_DB_PASSWORD=ROLE_PASSWORD),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    digest = hash_password(PASSWORD)
+    engine = create_engine_from_url(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO auth_users (email, password_hash, role) "
+                              "VALUES (:e, :h, CAST(:r AS user_role))"),
+                         [{"e": email, "h": digest, "r": role} for email, role in USERS])
+    finally:
+        engine.dispose()
     return make_url(url).set(username=runner_role, password=ROLE_PASSWORD).render_as_string(hide_password=False)
 
 
@@ -174,6 +185,16 @@ def finished(base: str, headers: dict[str, str], run_id: str) -> dict | None:
     assert got.status_code == 200, got.text
     run = got.json()
     return run if run["status"] not in ("QUEUED", "RUNNING") else None
+
+
+def run_status(url: str, run_id: str) -> str | None:
+    engine = create_engine_from_url(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT status::text FROM archive_worker_runs WHERE run_id = :r"),
+                                {"r": run_id}).scalar()
+    finally:
+        engine.dispose()
 
 
 def seed_archive(url: str) -> None:
@@ -233,7 +254,7 @@ def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(re
     api_env = release.env(url, API_COOKIE_SECURE="false", API_LOGIN_RATE_LIMIT="1000",
                           API_LOCKOUT_THRESHOLD=str(THRESHOLD))
     runner_argv = [release.python, "-m", "runner.cli", "daemon", "--name", "previous-release", "--preload", "none",
-                   "--start-method", "spawn", "--poll", "0.5", "--heartbeat", "1", "--lease", "10",
+                   "--start-method", "spawn", "--poll", "0.5", "--heartbeat", "1", "--lease", "30",
                    "--socket", str(tmp_path / "previous.sock")]
     with process([release.python, "-m", "scrinalia.cli.main", "api", "--port", str(port), "--log-level", "warning"],
                  api_env, release.src) as old_api, \
@@ -245,6 +266,14 @@ def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(re
                                    "the previous release's runner to register", old_runner)
         assert runner_sessions(url) == {runner_role}, "the previous runner connects as its own role"
         lock_out(old_base, "early@example.org")  # locked by the previous release, before the upgrade
+        admin = bearer(old_base, "admin@example.org")
+        # A run in flight while the schema changes under it.
+        r = httpx.post(f"{old_base}/api/v1/system/workers/slow/runs",
+                       json={"options": {"units": 6, "pause": 0.5}}, headers=admin, timeout=30)
+        assert r.status_code == 201, r.text
+        in_flight = r.json()["run_id"]
+        wait_until(lambda: (finished(old_base, admin, in_flight) is None
+                            and run_status(url, in_flight) == "RUNNING"), 60, "the run to start", old_runner)
 
         # Step 1 of the deploy: this release's migrations, then its grants for the runner's role.
         upgraded = head_cli(url, "-m", "scrinalia.cli.main", "db", "upgrade")
@@ -253,6 +282,9 @@ def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(re
         granted = head_cli(url, "-m", "scrinalia.cli.main", "db", "runner-role", "--role", runner_role,
                            RUNNER_DB_PASSWORD=ROLE_PASSWORD)
         assert granted.returncode == 0, granted.stderr
+
+        run = wait_until(lambda: finished(old_base, admin, in_flight), 120, "the run in flight", old_runner)
+        assert run["status"] == "SUCCESS", (run, old_runner.log()[-3000:])
 
         # The previous release's API on the head schema: login, authenticated reads, its lockouts.
         admin = bearer(old_base, "admin@example.org")

@@ -99,6 +99,9 @@ def test_db_upgrade_on_a_schema_ahead_is_one_line_and_exit_7(database_url):
     assert len(lines) == 1, done.stderr
     assert f"this release is older than the database's schema (revision {FUTURE}); upgrade this release" in lines[0]
     assert _revision(database_url) == FUTURE
+    current = _run([sys.executable, "-m", "scrinalia.cli.main", "db", "current"], database_url)
+    assert current.returncode == 1
+    assert f"database: {FUTURE} (ahead of this release: a newer release migrated it" in current.stdout
 
 
 def test_db_upgrade_of_an_unknown_target_is_a_usage_error(database_url):
