@@ -36,7 +36,7 @@ from scrinalia.db.engine import create_engine_from_url
 from scrinalia.db.local_cluster import free_port
 from scrinalia.domains.identity.passwords import hash_password
 from tests.api.live import live_api
-from tests.foundation.previous_release import PREVIOUS_SCHEMA_HEAD, PreviousRelease, previous_release
+from tests.foundation.previous_release import PreviousRelease, previous_release
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "correct horse battery staple"
@@ -248,7 +248,7 @@ def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(re
     runner_role = f"prev_runner_{uuid.uuid4().hex[:8]}"
     role_url = previous_schema(release, url, runner_role)
     seed_archive(url)
-    assert revision(url) == PREVIOUS_SCHEMA_HEAD
+    assert revision(url) == release.schema_head
     port = free_port()
     old_base = f"http://127.0.0.1:{port}"
     api_env = release.env(url, API_COOKIE_SECURE="false", API_LOGIN_RATE_LIMIT="1000",
@@ -278,7 +278,7 @@ def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(re
         # Step 1 of the deploy: this release's migrations, then its grants for the runner's role.
         upgraded = head_cli(url, "-m", "scrinalia.cli.main", "db", "upgrade")
         assert upgraded.returncode == 0, upgraded.stderr
-        assert revision(url) == migrate.head_revision() != PREVIOUS_SCHEMA_HEAD
+        assert revision(url) == migrate.head_revision() != release.schema_head
         granted = head_cli(url, "-m", "scrinalia.cli.main", "db", "runner-role", "--role", runner_role,
                            RUNNER_DB_PASSWORD=ROLE_PASSWORD)
         assert granted.returncode == 0, granted.stderr
@@ -343,5 +343,5 @@ def test_the_head_runner_refuses_the_previous_schema_with_migrate_first(release,
     done = head_cli(url, "-m", "runner.cli", "daemon", "--name", "head", "--preload", "none",
                     "--socket", str(tmp_path / "head.sock"))
     assert done.returncode == migrate.EXIT_SCHEMA_BEHIND, done.stderr
-    assert (f"the database schema is at revision {PREVIOUS_SCHEMA_HEAD} but this runner needs "
+    assert (f"the database schema is at revision {release.schema_head} but this runner needs "
             f"{migrate.head_revision()}; migrate first with `scrinalia db upgrade`") in done.stderr, done.stderr
