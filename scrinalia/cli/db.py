@@ -31,6 +31,24 @@ def upgrade(revision: str) -> None:
     click.echo(f"database at {revision}")
 
 
+@command.command("downgrade")
+@click.argument("revision")
+def downgrade(revision: str) -> None:
+    """Migrate DATABASE_URL down to REVISION: the rollback of a release (docs/operations.md, "Upgrading").
+
+    Use this release's command (the previous release cannot read revisions it does not know). What the
+    later revisions added is removed; the state they moved is carried back (the lockouts). Exit 2 for a
+    REVISION that no bundled migration has, 7 when the database is ahead of this release."""
+    try:
+        migrate.downgrade(get_settings().require_database_url(), revision)
+    except migrate.UnknownTarget as exc:
+        raise click.UsageError(str(exc)) from None
+    except migrate.SchemaAhead as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(exc.exit_code) from None
+    click.echo(f"database at {revision}")
+
+
 @command.command("current")
 def current() -> None:
     """Print the database's revision (behind or ahead of this release) and the bundled head; exit 1 when

@@ -12,6 +12,7 @@ The check tells the truth in both directions (docs/operations.md, "Upgrading"):
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -132,7 +133,18 @@ def upgrade(url: DatabaseUrl | str, revision: str = "head") -> None:
     (``UnknownTarget``) and a database already at a revision they do not know (``SchemaAhead``: a newer
     release migrated it); a database behind is migrated as usual. The revision is read on the connection
     the migrations then run on, in their transaction."""
-    if revision != "head" and revision not in known_revisions():
+    _migrate(url, revision, command.upgrade, allowed_targets=("head",))
+
+
+def downgrade(url: DatabaseUrl | str, revision: str = "base") -> None:
+    """Migrate down to ``revision`` (a revision of these migrations, or "base"), with the refusals of
+    ``upgrade``: a rollback is made with the code of the release that migrated the database up."""
+    _migrate(url, revision, command.downgrade, allowed_targets=("base",))
+
+
+def _migrate(url: DatabaseUrl | str, revision: str, run: Callable[[Config, str], None],
+             allowed_targets: tuple[str, ...]) -> None:
+    if revision not in allowed_targets and revision not in known_revisions():
         raise UnknownTarget(f"no migration has the revision {revision!r} (the bundled head is {head_revision()})")
     engine = create_engine_from_url(url, application_name="scrinalia-migrate", poolclass=NullPool)
     try:
@@ -143,11 +155,7 @@ def upgrade(url: DatabaseUrl | str, revision: str = "head") -> None:
                 raise SchemaAhead(current, head_revision(), "release")
             config = alembic_config(url)
             config.attributes["connection"] = conn
-            command.upgrade(config, revision)
+            run(config, revision)
             conn.commit()
     finally:
         engine.dispose()
-
-
-def downgrade(url: DatabaseUrl | str, revision: str = "base") -> None:
-    command.downgrade(alembic_config(url), revision)

@@ -11,7 +11,8 @@ the old API logs in and reads; the old runner claims
 the runs the old API enqueues and its children run them to SUCCESS (one of them writes the archive);
 the old scheduler fires a schedule; the account the old release locked before the upgrade and the one
 it locks after it stay locked, for the old API and for this release's API alike. And this release's
-runner refuses the previous schema with the right words.
+runner refuses the previous schema with the right words, and its ``scrinalia db downgrade`` returns the
+database to one the previous release accepts (the rollback).
 """
 from __future__ import annotations
 
@@ -337,7 +338,8 @@ def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(re
         assert old_runner.proc.wait(timeout=60) == 0, old_runner.log()[-3000:]
 
 
-def test_the_head_runner_refuses_the_previous_schema_with_migrate_first(release, empty_database_url, tmp_path):
+def test_the_head_runner_refuses_the_previous_schema_and_a_rollback_returns_to_it(release, empty_database_url,
+                                                                                 tmp_path):
     url = empty_database_url
     old_cli(release, url, "db", "upgrade")
     done = head_cli(url, "-m", "runner.cli", "daemon", "--name", "head", "--preload", "none",
@@ -345,3 +347,9 @@ def test_the_head_runner_refuses_the_previous_schema_with_migrate_first(release,
     assert done.returncode == migrate.EXIT_SCHEMA_BEHIND, done.stderr
     assert (f"the database schema is at revision {release.schema_head} but this runner needs "
             f"{migrate.head_revision()}; migrate first with `scrinalia db upgrade`") in done.stderr, done.stderr
+    # The rollback (docs/operations.md, "Upgrading"): this release migrates up, then down to the previous
+    # release's head, which that release's own check accepts again.
+    for step in (["db", "upgrade"], ["db", "downgrade", release.schema_head]):
+        done = head_cli(url, "-m", "scrinalia.cli.main", *step)
+        assert done.returncode == 0, done.stderr
+    assert "database: " + release.schema_head in old_cli(release, url, "db", "current")

@@ -128,3 +128,12 @@ def test_no_unit_restarts_on_a_schema_behind_or_ahead():
         prevented = {int(code) for line in lines if line.startswith("RestartPreventExitStatus=")
                      for code in line.split("=", 1)[1].split()}
         assert {migrate.EXIT_SCHEMA_BEHIND, migrate.EXIT_SCHEMA_AHEAD} <= prevented, unit.name
+
+
+def test_db_downgrade_rolls_back_to_a_known_revision_and_refuses_an_unknown_one(database_url):
+    done = _run([sys.executable, "-m", "scrinalia.cli.main", "db", "downgrade", "0042_nowhere"], database_url)
+    assert done.returncode == 2 and "no migration has the revision '0042_nowhere'" in done.stderr, done.stderr
+    assert _revision(database_url) == migrate.head_revision()
+    done = _run([sys.executable, "-m", "scrinalia.cli.main", "db", "downgrade", OLDER], database_url)
+    assert done.returncode == 0, done.stderr
+    assert _revision(database_url) == OLDER
