@@ -270,7 +270,7 @@ def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(re
         admin = bearer(old_base, "admin@example.org")
         # A run in flight while the schema changes under it.
         r = httpx.post(f"{old_base}/api/v1/system/workers/slow/runs",
-                       json={"options": {"units": 6, "pause": 0.5}}, headers=admin, timeout=30)
+                       json={"options": {"units": 10, "pause": 0.5}}, headers=admin, timeout=30)
         assert r.status_code == 201, r.text
         in_flight = r.json()["run_id"]
         wait_until(lambda: (finished(old_base, admin, in_flight) is None
