@@ -243,10 +243,24 @@ def runner_sessions(url: str) -> set[str]:
         engine.dispose()
 
 
+@pytest.fixture
+def runner_role(empty_database_url) -> Iterator[str]:
+    """A role name for the previous runner, dropped after the test (roles outlive databases)."""
+    role = f"prev_runner_{uuid.uuid4().hex[:8]}"
+    yield role
+    engine = create_engine_from_url(empty_database_url)
+    try:
+        with engine.begin() as conn:
+            if conn.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).scalar():
+                conn.execute(text(f'DROP OWNED BY "{role}"'))
+                conn.execute(text(f'DROP ROLE "{role}"'))
+    finally:
+        engine.dispose()
+
+
 def test_the_previous_release_serves_on_the_head_schema_and_its_lockouts_hold(release, empty_database_url,
-                                                                              tmp_path):
+                                                                              runner_role, tmp_path):
     url = empty_database_url
-    runner_role = f"prev_runner_{uuid.uuid4().hex[:8]}"
     role_url = previous_schema(release, url, runner_role)
     seed_archive(url)
     assert revision(url) == release.schema_head
