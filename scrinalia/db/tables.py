@@ -165,6 +165,8 @@ archive_worker_runners = Table(
     Column("poll_seconds", Float),
     Column("devices", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("children", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    # What the runner sees on its host (migration 0014): {"model_dirs": [...], "model_roots": [...]}.
+    Column("sees", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("started_at", TS, nullable=False, server_default=func.now()),
     Column("last_heartbeat_at", TS, nullable=False, server_default=func.now()),
     Column("stopped_at", TS),
