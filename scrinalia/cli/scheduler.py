@@ -28,7 +28,7 @@ def run(interval: float) -> None:
     from scrinalia.scheduler.service import Scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    Scheduler(_engine()).serve(interval)
+    Scheduler(_engine(), samples_retention_days=get_settings().run_samples_retention_days).serve(interval)
 
 
 @command.command("add")
