@@ -8,9 +8,10 @@ Create Date: 2026-12-02
 GPU memory) over the run's life; the ledger row keeps only the latest progress. Two triggers fill it, so
 no protocol statement changes (decision 0160):
 
-* ``archive_sample_run_progress`` on the run row's progress update (``record_progress``, the heartbeat,
-  ``finish``): one sample of done/total, at most one per ``SAMPLE_SPACING`` while the run is RUNNING
-  (the progress statement comes every 0.5 s: a chart needs far less), and always the final one;
+* ``archive_sample_run_progress`` on the run row's progress update (``record_progress``, the heartbeat)
+  and on its end (``finish``, ``expire_leases``): one sample of done/total, at most one per
+  ``SAMPLE_SPACING_SECONDS`` while the run is RUNNING (the progress statement comes every 0.5 s: a chart
+  needs far less), and always the last progress when the run leaves RUNNING;
 * ``archive_sample_runner_children`` on the registry row's children snapshot (the heartbeat): one sample
   per child with its RSS and GPU memory, at the heartbeat's cadence (the supervisor samples memory then).
 
@@ -106,10 +107,11 @@ $f$;
 
 
 TRIGGERS = """
-CREATE TRIGGER trg_worker_runs_sample_progress AFTER UPDATE OF progress ON archive_worker_runs
+CREATE TRIGGER trg_worker_runs_sample_progress AFTER UPDATE OF progress, status ON archive_worker_runs
     FOR EACH ROW
-    WHEN (NEW.progress IS DISTINCT FROM OLD.progress AND NEW.progress IS NOT NULL
-          AND (NEW.status = 'RUNNING' OR OLD.status = 'RUNNING'))
+    WHEN (NEW.progress IS NOT NULL AND (
+          (NEW.status = 'RUNNING' AND NEW.progress IS DISTINCT FROM OLD.progress)
+          OR (OLD.status = 'RUNNING' AND NEW.status <> 'RUNNING')))
     EXECUTE FUNCTION archive_sample_run_progress();
 CREATE TRIGGER trg_worker_runners_sample_children AFTER UPDATE OF children ON archive_worker_runners
     FOR EACH ROW

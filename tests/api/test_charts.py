@@ -59,8 +59,11 @@ def test_progress_and_heartbeat_leave_samples_and_the_series_has_rate_and_memory
     assert points[0]["rate"] is None and 1.5 < points[-1]["rate"] < 2.5, points
     assert points[0]["t"] < points[-1]["t"]
 
-    # The final progress is always kept, whatever the spacing.
-    ledger.finish(engine, run.run_id, runner, "SUCCESS", progress={"done": 100, "total": 100, "unit": "document"})
+    # The last progress is always kept when the run ends, whatever the spacing: here one that the
+    # spacing had thinned out, and a finish that sends no progress of its own.
+    ledger.record_progress(engine, runner, {run.run_id: {"done": 100, "total": 100, "unit": "document"}})
+    assert _samples(engine, run.run_id)[-1].done == 30
+    ledger.finish(engine, run.run_id, runner, "SUCCESS")
     assert _samples(engine, run.run_id)[-1].done == 100
     body = client.get(f"{C}/runs/{run.run_id}", headers=viewer_headers).json()
     assert body["status"] == "SUCCESS" and body["points"][-1]["done"] == 100

@@ -208,7 +208,7 @@ export function slotsChart() {
     }];
     const opts = {
       scales: { x: { time: true }, y: { range: (_u, _min, max) => [0, Math.max(slots || 1, max)] } },
-      axes: [axis(p), axis(p, { size: 40 })],
+      axes: [axis(p), axis(p, { size: 48 })],
       series,
     };
     const peak = busy.reduce((m, v) => Math.max(m, v), 0);
