@@ -10,10 +10,11 @@ no protocol statement changes (decision 0160):
 
 * ``archive_sample_run_progress`` on the run row's progress update (``record_progress``, the heartbeat)
   and on its end (``finish``, ``expire_leases``): one sample of done/total, at most one per
-  ``SAMPLE_SPACING_SECONDS`` while the run is RUNNING (the progress statement comes every 0.5 s: a chart
-  needs far less), and always the last progress when the run leaves RUNNING;
+  ``SAMPLE_SPACING_SECONDS`` or per age/``SPACING_PER_AGE`` while the run is RUNNING (the progress
+  statement comes every 0.5 s: a chart needs far less), and always the last progress when it ends;
 * ``archive_sample_runner_children`` on the registry row's children snapshot (the heartbeat): one sample
-  per child with its RSS and GPU memory, at the heartbeat's cadence (the supervisor samples memory then).
+  per child with its RSS and GPU memory, at the heartbeat's cadence (the supervisor samples memory then),
+  at most one per age/``SPACING_PER_AGE`` (from the snapshot's ``elapsed_seconds``).
 
 Both are SECURITY DEFINER with a pinned ``search_path`` (like 0010's counters): the runner's role fires
 them and needs no privilege on the samples. Every value is read defensively (a non-number is NULL, a
@@ -36,8 +37,12 @@ down_revision = "0011"
 branch_labels = None
 depends_on = None
 
-#: At most one progress sample per run in this many seconds while it runs.
+#: At most one progress sample per run in this many seconds while it runs...
 SAMPLE_SPACING_SECONDS = 2
+#: ... and in its age / SPACING_PER_AGE: the spacing grows with the run, so a run of a day keeps ~4,800
+#: progress samples, not 43,200, and every part of its life still has ~1,000 times the resolution of
+#: the whole (the chart folds a run into 300 points). The heartbeat's memory samples likewise.
+SPACING_PER_AGE = 1000
 
 _SCHEMA_OF_FUNCTIONS = text(
     "SELECT pronamespace::regnamespace::text FROM pg_catalog.pg_proc WHERE proname = 'archive_uuid_v7'"
@@ -73,7 +78,9 @@ AS $f$
 BEGIN
     IF NEW.status = 'RUNNING' AND EXISTS (
         SELECT 1 FROM {s}.archive_worker_run_samples AS s
-         WHERE s.run_id = NEW.run_id AND s.at > now() - interval '{SAMPLE_SPACING_SECONDS} seconds') THEN
+         WHERE s.run_id = NEW.run_id
+           AND s.at > now() - GREATEST(interval '{SAMPLE_SPACING_SECONDS} seconds',
+                                       (now() - COALESCE(NEW.started_at, now())) / {SPACING_PER_AGE})) THEN
         RETURN NULL;
     END IF;
     INSERT INTO {s}.archive_worker_run_samples (run_id, done, total)
@@ -99,7 +106,12 @@ BEGIN
       FROM jsonb_array_elements(NEW.children) AS c
      WHERE jsonb_typeof(c) = 'object'
        AND jsonb_typeof(c -> 'rss_bytes') = 'number'
-       AND (c ->> 'run_id') ~ '^[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{12}}$';
+       AND (c ->> 'run_id') ~ '^[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{12}}$'
+       AND NOT EXISTS (
+           SELECT 1 FROM {s}.archive_worker_run_samples AS s
+            WHERE s.run_id = (c ->> 'run_id')::uuid AND s.rss_bytes IS NOT NULL
+              AND s.at > now() - make_interval(
+                  secs => COALESCE({s}.archive_jsonb_bigint(c -> 'elapsed_seconds'), 0) / {SPACING_PER_AGE}.0));
     RETURN NULL;
 END
 $f$;

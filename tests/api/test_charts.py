@@ -69,6 +69,28 @@ def test_progress_and_heartbeat_leave_samples_and_the_series_has_rate_and_memory
     assert body["status"] == "SUCCESS" and body["points"][-1]["done"] == 100
 
 
+def test_the_spacing_of_the_samples_grows_with_the_runs_age(engine):
+    runner, run = _running(engine)
+    with engine.begin() as conn:  # a run of two hours: one progress sample per 7.2 s at most
+        conn.execute(text("UPDATE archive_worker_runs SET started_at = now() - interval '2 hours' "
+                          "WHERE run_id = :r"), {"r": run.run_id})
+    ledger.record_progress(engine, runner, {run.run_id: {"done": 1}})
+    _age_samples(engine, run.run_id, 5)
+    ledger.record_progress(engine, runner, {run.run_id: {"done": 2}})
+    assert [r.done for r in _samples(engine, run.run_id)] == [1]
+    _age_samples(engine, run.run_id, 3)
+    ledger.record_progress(engine, runner, {run.run_id: {"done": 3}})
+    assert [r.done for r in _samples(engine, run.run_id)] == [1, 3]
+    # The heartbeat's memory samples: elapsed 60,000 s -> at most one per 60 s.
+    child = {"run_id": str(run.run_id), "elapsed_seconds": 60_000.5, "rss_bytes": 10, "progress": {"done": 3}}
+    ledger.heartbeat(engine, runner, 60, children=[child])
+    ledger.heartbeat(engine, runner, 60, children=[{**child, "rss_bytes": 11}])
+    assert [r.rss_bytes for r in _samples(engine, run.run_id) if r.rss_bytes] == [10]
+    _age_samples(engine, run.run_id, 61)
+    ledger.heartbeat(engine, runner, 60, children=[{**child, "rss_bytes": 12}])
+    assert [r.rss_bytes for r in _samples(engine, run.run_id) if r.rss_bytes] == [10, 12]
+
+
 def test_a_malformed_children_snapshot_never_fails_the_heartbeat(engine):
     runner, run = _running(engine)
     bad = [{"run_id": "not-a-uuid", "rss_bytes": 5}, {"run_id": str(run.run_id), "rss_bytes": "lots"},

@@ -166,12 +166,23 @@ _RUNNER_SLOTS = text(
           FROM archive_worker_runs AS r
          WHERE r.runner_id = :runner_id AND r.status = 'RUNNING' AND r.started_at IS NOT NULL
     ),
-    busy AS (
-        SELECT g.bucket,
-               sum(extract(epoch FROM LEAST(sp.f, g.bucket + :step) - GREATEST(sp.s, g.bucket))) AS seconds
-          FROM spans AS sp, w,
-               LATERAL generate_series(date_bin(:step, GREATEST(sp.s, w.since), {_ORIGIN}), sp.f, :step) AS g(bucket)
+    clipped AS (
+        SELECT GREATEST(sp.s, w.since) AS s, sp.f,
+               date_bin(:step, GREATEST(sp.s, w.since), {_ORIGIN}) AS first_bucket,
+               date_bin(:step, sp.f, {_ORIGIN}) AS last_bucket
+          FROM spans AS sp, w
          WHERE sp.f > sp.s
+    ),
+    busy AS (
+        SELECT bucket, sum(seconds) AS seconds FROM (
+            -- most runs fit in one bucket: no series to generate for them
+            SELECT first_bucket AS bucket, extract(epoch FROM f - s) AS seconds
+              FROM clipped WHERE first_bucket = last_bucket
+            UNION ALL
+            SELECT g.bucket, extract(epoch FROM LEAST(c.f, g.bucket + :step) - GREATEST(c.s, g.bucket))
+              FROM clipped AS c, LATERAL generate_series(c.first_bucket, c.last_bucket, :step) AS g(bucket)
+             WHERE c.first_bucket <> c.last_bucket
+        ) AS parts
          GROUP BY 1
     )
     SELECT extract(epoch FROM b.bucket)::float8 AS epoch,
