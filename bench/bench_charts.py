@@ -54,12 +54,39 @@ def register(engine, capabilities: list[str]) -> uuid.UUID:
     return runner_id
 
 
+#: The relations of the ledger: what the runs' own writes touch (the rest of a window's WAL is the
+#: cluster's: autovacuum, analyze, the catalogue).
+LEDGER_WAL = text(
+    """
+    SELECT c.relname, sum(w.record_length) AS bytes
+      FROM (SELECT record_length, substring(block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)') AS rel
+              FROM pg_get_wal_records_info(CAST(:a AS pg_lsn), CAST(:b AS pg_lsn))) AS w
+      JOIN pg_class AS c ON c.relfilenode::text = w.rel
+     WHERE c.relname LIKE 'archive_worker_run%' OR c.relname LIKE 'ix_worker_runs%'
+        OR c.relname LIKE 'ix_run_samples%' OR c.relname = 'uq_worker_run_active'
+     GROUP BY 1 ORDER BY 2 DESC
+    """
+)
+
+
+def lsn(engine) -> str:
+    with engine.connect() as conn:
+        return str(conn.execute(text("SELECT pg_current_wal_lsn()")).scalar_one())
+
+
+def ledger_wal(engine, start: str, end: str) -> dict[str, int]:
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("SELECT pg_switch_wal()"))  # flushes it, so pg_walinspect may read the window
+        return {r.relname: int(r.bytes) for r in conn.execute(LEDGER_WAL, {"a": start, "b": end})}
+
+
 def live_runs(engine, seconds: float, cost: ServerCost, n_children: int = 4) -> dict:
     """``n_children`` runs from enqueue to finish through ``seconds`` of the supervisor's cadence."""
     workers = [f"cost-{uuid.uuid4().hex[:6]}" for _ in range(n_children)]
     runner = register(engine, workers)
     checkpoint(engine)
     cost.start()
+    start = lsn(engine)
     runs = []
     for w in workers:
         ledger.enqueue(engine, w, {})
@@ -84,8 +111,16 @@ def live_runs(engine, seconds: float, cost: ServerCost, n_children: int = 4) -> 
         time.sleep(max(0.0, t0 + tick * PROGRESS_INTERVAL - time.monotonic()))
     for r in runs:
         ledger.finish(engine, r.run_id, runner, "SUCCESS", progress={"done": tick * 8, "total": 100_000})
+    end = lsn(engine)
     spent = cost.stop()
     registry.stop(engine, runner)
+    try:
+        by_relation = ledger_wal(engine, start, end)
+        spent["ledger_wal_by_relation"] = by_relation
+        spent["ledger_wal_bytes"] = sum(by_relation.values())
+    except Exception as exc:  # no pg_walinspect on BENCH_DATABASE_URL's server
+        spent["ledger_wal_bytes"] = None
+        print(f"no per-relation WAL: {exc}", flush=True)
     with engine.connect() as conn:
         samples = conn.execute(text("SELECT count(*) FROM archive_worker_run_samples WHERE run_id = ANY(:ids)"),
                                {"ids": [r.run_id for r in runs]}).scalar_one()
@@ -104,19 +139,39 @@ def without_charts(engine) -> None:
         conn.execute(text("DROP INDEX ix_worker_runs_runner_finished"))
 
 
+def with_charts(engine) -> None:
+    """Migration 0015's triggers and indexes back, for what follows the "before" window."""
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE archive_worker_runs ENABLE TRIGGER trg_worker_runs_sample_progress"))
+        conn.execute(text("ALTER TABLE archive_worker_runners ENABLE TRIGGER trg_worker_runners_sample_children"))
+        conn.execute(text("CREATE INDEX ix_worker_runs_worker_finished ON archive_worker_runs (worker_name, "
+                          "finished_at) INCLUDE (status, duration_ms) WHERE finished_at IS NOT NULL"))
+        conn.execute(text("CREATE INDEX ix_worker_runs_runner_finished ON archive_worker_runs (runner_id, "
+                          "finished_at) INCLUDE (started_at) WHERE finished_at IS NOT NULL AND runner_id IS NOT NULL"))
+
+
 def cost_per_run(url: str, seconds: float) -> dict:
     engine = create_engine_from_url(url, pool_size=2, max_overflow=2)
     cost = ServerCost(engine)
     out = {}
     try:
+        live_runs(engine, min(seconds, 10.0), cost)  # warm-up, not counted: the catalogue's first reads
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("VACUUM ANALYZE"))
         out["after"] = live_runs(engine, seconds, cost)
         without_charts(engine)
         out["before"] = live_runs(engine, seconds, cost)
+        with_charts(engine)
     finally:
         engine.dispose()
     for label in ("after", "before"):
         s = out[label]
         s["wal_bytes_per_run"] = round(s["wal_bytes"] / s["runs"])
+        if s.get("ledger_wal_bytes") is not None:
+            s["ledger_wal_bytes_per_run"] = round(s["ledger_wal_bytes"] / s["runs"])
+        s["samples_per_run"] = s["samples"] / s["runs"]
+        for noisy in ("wal_by_relation", "by_statement"):
+            s.pop(noisy, None)
         if "statements" in s:
             s["statements_per_run"] = round(s["statements"] / s["runs"], 1)
     return out
@@ -280,8 +335,9 @@ def query_times(url: str, n_runs: int, n_samples: int, repeat: int) -> dict:
             if n == 0:
                 break
         idle = timed(lambda: charts.prune_samples(engine, charts.DEFAULT_SAMPLES_RETENTION_DAYS), repeat)
+        batches = [ms for ms, n in prune if n]
         out["prune"] = {"statements": len(prune), "deleted": sum(n for _, n in prune),
-                        "max_ms_per_batch": round(max(ms for ms, n in prune if n) if any(n for _, n in prune) else 0, 1),
+                        "max_ms_per_batch": round(max(batches), 1) if batches else 0.0,
                         "nothing_to_prune": idle}
     finally:
         engine.dispose()

@@ -66,18 +66,18 @@ _RUN_SERIES = text(
     WITH bounds AS (
         SELECT min(at) AS lo, max(at) AS hi FROM archive_worker_run_samples WHERE run_id = :run_id
     ), width AS (
-        SELECT lo, GREATEST(:min_bucket, extract(epoch FROM hi - lo) / :points) AS w FROM bounds
+        SELECT lo, GREATEST(:min_bucket, date_part('epoch', hi - lo) / :points) AS w FROM bounds
     ), buckets AS (
-        SELECT floor(extract(epoch FROM s.at - width.lo) / width.w) AS b,
+        SELECT floor(date_part('epoch', s.at - width.lo) / width.w) AS b,
                max(s.at) AS at, max(s.done) AS done, max(s.total) AS total,
                max(s.rss_bytes) AS rss_bytes, max(s.gpu_bytes) AS gpu_bytes
           FROM archive_worker_run_samples AS s, width
          WHERE s.run_id = :run_id
          GROUP BY 1
     )
-    SELECT extract(epoch FROM at)::float8 AS epoch, done, total, rss_bytes, gpu_bytes,
+    SELECT date_part('epoch', at)::float8 AS epoch, done, total, rss_bytes, gpu_bytes,
            (done - lag(done) OVER w)::float8
-             / NULLIF(extract(epoch FROM at - lag(at) OVER w), 0)::float8 AS rate
+             / NULLIF(date_part('epoch', at - lag(at) OVER w), 0)::float8 AS rate
       FROM buckets
     WINDOW w AS (ORDER BY b)
      ORDER BY b
@@ -114,10 +114,10 @@ _WORKER_TREND = text(
           FROM archive_worker_runs AS r
          WHERE r.worker_name = :worker
            AND r.finished_at IS NOT NULL
-           AND r.finished_at >= (SELECT since FROM w)
+           AND r.finished_at >= {_SINCE}
          GROUP BY 1
     )
-    SELECT extract(epoch FROM b.bucket)::float8 AS epoch,
+    SELECT date_part('epoch', b.bucket)::float8 AS epoch,
            COALESCE(agg.success, 0) AS success, COALESCE(agg.failed, 0) AS failed,
            COALESCE(agg.interrupted, 0) AS interrupted, COALESCE(agg.cancelled, 0) AS cancelled,
            agg.p50, agg.p95, w.since, now() AS until
@@ -160,7 +160,7 @@ _RUNNER_SLOTS = text(
         SELECT r.started_at AS s, r.finished_at AS f
           FROM archive_worker_runs AS r
          WHERE r.runner_id = :runner_id AND r.finished_at IS NOT NULL
-           AND r.finished_at >= (SELECT since FROM w) AND r.started_at IS NOT NULL
+           AND r.finished_at >= {_SINCE} AND r.started_at IS NOT NULL
         UNION ALL
         SELECT r.started_at, now()
           FROM archive_worker_runs AS r
@@ -176,17 +176,17 @@ _RUNNER_SLOTS = text(
     busy AS (
         SELECT bucket, sum(seconds) AS seconds FROM (
             -- most runs fit in one bucket: no series to generate for them
-            SELECT first_bucket AS bucket, extract(epoch FROM f - s) AS seconds
+            SELECT first_bucket AS bucket, date_part('epoch', f - s) AS seconds
               FROM clipped WHERE first_bucket = last_bucket
             UNION ALL
-            SELECT g.bucket, extract(epoch FROM LEAST(c.f, g.bucket + :step) - GREATEST(c.s, g.bucket))
+            SELECT g.bucket, date_part('epoch', LEAST(c.f, g.bucket + :step) - GREATEST(c.s, g.bucket))
               FROM clipped AS c, LATERAL generate_series(c.first_bucket, c.last_bucket, :step) AS g(bucket)
              WHERE c.first_bucket <> c.last_bucket
         ) AS parts
          GROUP BY 1
     )
-    SELECT extract(epoch FROM b.bucket)::float8 AS epoch,
-           COALESCE(busy.seconds, 0)::float8 / extract(epoch FROM CAST(:step AS interval))::float8 AS busy,
+    SELECT date_part('epoch', b.bucket)::float8 AS epoch,
+           COALESCE(busy.seconds, 0)::float8 / date_part('epoch', CAST(:step AS interval))::float8 AS busy,
            (SELECT concurrency FROM archive_worker_runners WHERE runner_id = :runner_id) AS concurrency,
            w.since, now() AS until
       FROM w
@@ -220,7 +220,7 @@ _PRUNE_SAMPLES = text(
     DELETE FROM archive_worker_run_samples
      WHERE ctid = ANY (ARRAY(
            SELECT ctid FROM archive_worker_run_samples
-            WHERE run_id < encode(substring(int8send((extract(epoch FROM now() - make_interval(days => :days))
+            WHERE run_id < encode(substring(int8send((date_part('epoch', now() - make_interval(days => :days))
                                                      * 1000)::bigint) FROM 3)
                                   || '\\x00000000000000000000'::bytea, 'hex')::uuid
             LIMIT :batch))
