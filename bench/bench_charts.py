@@ -190,7 +190,7 @@ SEED_SAMPLES = text(
 )
 
 # One run of 24 h with the samples the triggers keep (migration 0015): progress every 2 s for its first
-# 2,000 s, then at age/1000; memory every 15 s (the heartbeat) for 15,000 s, then at age/1000.
+# 600 s, then at age/300; memory every 15 s (the heartbeat) for 4,500 s, then at age/300.
 SEED_LONG_RUN = text(
     """
     WITH run AS (
@@ -200,13 +200,13 @@ SEED_LONG_RUN = text(
                 now() + interval '60 seconds', '{"done": 43200, "total": 50000, "unit": "document"}')
         RETURNING run_id, started_at),
     progress AS (
-        SELECT 2.0 * k AS age FROM generate_series(1, 1000) AS k
+        SELECT 2.0 * k AS age FROM generate_series(1, 300) AS k
         UNION ALL
-        SELECT 2000 * power(1.001, k) FROM generate_series(1, 3768) AS k),
+        SELECT 600 * power(1 + 1 / 300.0, k) FROM generate_series(1, 1493) AS k),
     memory AS (
-        SELECT 15.0 * k AS age FROM generate_series(1, 1000) AS k
+        SELECT 15.0 * k AS age FROM generate_series(1, 300) AS k
         UNION ALL
-        SELECT 15000 * power(1.001, k) FROM generate_series(1, 1752) AS k)
+        SELECT 4500 * power(1 + 1 / 300.0, k) FROM generate_series(1, 888) AS k)
     INSERT INTO archive_worker_run_samples (run_id, at, done, total, rss_bytes, gpu_bytes)
     SELECT run.run_id, run.started_at + make_interval(secs => age), (age / 2)::bigint, 50000, NULL, NULL
       FROM run, progress

@@ -39,10 +39,10 @@ depends_on = None
 
 #: At most one progress sample per run in this many seconds while it runs...
 SAMPLE_SPACING_SECONDS = 2
-#: ... and in its age / SPACING_PER_AGE: the spacing grows with the run, so a run of a day keeps ~4,800
-#: progress samples, not 43,200, and every part of its life still has ~1,000 times the resolution of
-#: the whole (the chart folds a run into 300 points). The heartbeat's memory samples likewise.
-SPACING_PER_AGE = 1000
+#: ... and in its age / SPACING_PER_AGE: the spacing grows with the run, so a run of a day keeps ~1,800
+#: progress samples, not 43,200, and every part of its life still has at least the resolution the chart
+#: shows (it folds a run into 300 buckets of its whole life). The heartbeat's memory samples likewise.
+SPACING_PER_AGE = 300
 
 _SCHEMA_OF_FUNCTIONS = text(
     "SELECT pronamespace::regnamespace::text FROM pg_catalog.pg_proc WHERE proname = 'archive_uuid_v7'"

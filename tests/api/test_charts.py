@@ -3,6 +3,7 @@ and durations, a runner's busy slots, and the retention that the scheduler's tic
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from sqlalchemy import text
 
@@ -71,18 +72,18 @@ def test_progress_and_heartbeat_leave_samples_and_the_series_has_rate_and_memory
 
 def test_the_spacing_of_the_samples_grows_with_the_runs_age(engine):
     runner, run = _running(engine)
-    with engine.begin() as conn:  # a run of two hours: one progress sample per 7.2 s at most
-        conn.execute(text("UPDATE archive_worker_runs SET started_at = now() - interval '2 hours' "
+    with engine.begin() as conn:  # a run of 40 min: one progress sample per 8 s at most
+        conn.execute(text("UPDATE archive_worker_runs SET started_at = now() - interval '40 minutes' "
                           "WHERE run_id = :r"), {"r": run.run_id})
     ledger.record_progress(engine, runner, {run.run_id: {"done": 1}})
     _age_samples(engine, run.run_id, 5)
     ledger.record_progress(engine, runner, {run.run_id: {"done": 2}})
     assert [r.done for r in _samples(engine, run.run_id)] == [1]
-    _age_samples(engine, run.run_id, 3)
+    _age_samples(engine, run.run_id, 4)
     ledger.record_progress(engine, runner, {run.run_id: {"done": 3}})
     assert [r.done for r in _samples(engine, run.run_id)] == [1, 3]
-    # The heartbeat's memory samples: elapsed 60,000 s -> at most one per 60 s.
-    child = {"run_id": str(run.run_id), "elapsed_seconds": 60_000.5, "rss_bytes": 10, "progress": {"done": 3}}
+    # The heartbeat's memory samples: elapsed 18,000 s -> at most one per 60 s.
+    child = {"run_id": str(run.run_id), "elapsed_seconds": 18_000.5, "rss_bytes": 10, "progress": {"done": 3}}
     ledger.heartbeat(engine, runner, 60, children=[child])
     ledger.heartbeat(engine, runner, 60, children=[{**child, "rss_bytes": 11}])
     assert [r.rss_bytes for r in _samples(engine, run.run_id) if r.rss_bytes] == [10]
@@ -93,7 +94,7 @@ def test_the_spacing_of_the_samples_grows_with_the_runs_age(engine):
 
 def test_a_malformed_children_snapshot_never_fails_the_heartbeat(engine):
     runner, run = _running(engine)
-    bad = [{"run_id": "not-a-uuid", "rss_bytes": 5}, {"run_id": str(run.run_id), "rss_bytes": "lots"},
+    bad: list[Any] = [{"run_id": "not-a-uuid", "rss_bytes": 5}, {"run_id": str(run.run_id), "rss_bytes": "lots"},
            {"run_id": str(run.run_id), "rss_bytes": 1e30, "progress": {"done": "x"}}, "a string", 7]
     beat = ledger.heartbeat(engine, runner, 60, children=bad)
     assert run.run_id in beat.held

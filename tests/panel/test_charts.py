@@ -131,8 +131,6 @@ def test_the_charts_render_at_390_px(browser, live_api, panel_engine, panel_user
         with panel_engine.connect() as conn:
             run_id = conn.execute(text("SELECT run_id FROM archive_worker_runs WHERE worker_name = 'panel-slow' "
                                        "AND started_at IS NOT NULL ORDER BY id DESC LIMIT 1")).scalar_one_or_none()
-            runner_id = conn.execute(text("SELECT runner_id FROM archive_worker_runners "
-                                          "WHERE stopped_at IS NULL ORDER BY started_at DESC LIMIT 1")).scalar_one()
         login(page, *ADMIN)
         expect(page.get_by_role("heading", name="Workers")).to_be_visible()
         targets = [(f"/#/workers/{TREND_WORKER}", ["runs-per-hour", "durations"]), ("/#/runners", ["runner-slots"])]

@@ -63,16 +63,17 @@ _SINCE = f"date_bin(:step, now(), {_ORIGIN}) - :span + :step"
 
 _RUN_SERIES = text(
     """
-    WITH bounds AS (
-        SELECT min(at) AS lo, max(at) AS hi FROM archive_worker_run_samples WHERE run_id = :run_id
-    ), width AS (
-        SELECT lo, GREATEST(:min_bucket, date_part('epoch', hi - lo) / :points) AS w FROM bounds
+    WITH s AS (
+        -- one scan of the run's samples, its bounds from the same rows (no join for a plan to get wrong)
+        SELECT at, done, total, rss_bytes, gpu_bytes,
+               date_part('epoch', at - min(at) OVER ()) AS age,
+               GREATEST(:min_bucket, date_part('epoch', max(at) OVER () - min(at) OVER ()) / :points) AS width
+          FROM archive_worker_run_samples
+         WHERE run_id = :run_id
     ), buckets AS (
-        SELECT floor(date_part('epoch', s.at - width.lo) / width.w) AS b,
-               max(s.at) AS at, max(s.done) AS done, max(s.total) AS total,
-               max(s.rss_bytes) AS rss_bytes, max(s.gpu_bytes) AS gpu_bytes
-          FROM archive_worker_run_samples AS s, width
-         WHERE s.run_id = :run_id
+        SELECT floor(age / width) AS b, max(at) AS at, max(done) AS done, max(total) AS total,
+               max(rss_bytes) AS rss_bytes, max(gpu_bytes) AS gpu_bytes
+          FROM s
          GROUP BY 1
     )
     SELECT date_part('epoch', at)::float8 AS epoch, done, total, rss_bytes, gpu_bytes,
@@ -166,27 +167,26 @@ _RUNNER_SLOTS = text(
           FROM archive_worker_runs AS r
          WHERE r.runner_id = :runner_id AND r.status = 'RUNNING' AND r.started_at IS NOT NULL
     ),
-    clipped AS (
-        SELECT GREATEST(sp.s, w.since) AS s, sp.f,
-               date_bin(:step, GREATEST(sp.s, w.since), {_ORIGIN}) AS first_bucket,
-               date_bin(:step, sp.f, {_ORIGIN}) AS last_bucket
+    parts AS (
+        -- each run's part in the bucket of its finish; a run that began in an earlier bucket also has
+        -- whole or partial earlier buckets (most runs are shorter than a bucket: no series for them)
+        SELECT date_bin(:step, sp.f, {_ORIGIN}) AS bf, GREATEST(sp.s, w.since) AS s, sp.f
           FROM spans AS sp, w
          WHERE sp.f > sp.s
     ),
     busy AS (
-        SELECT bucket, sum(seconds) AS seconds FROM (
-            -- most runs fit in one bucket: no series to generate for them
-            SELECT first_bucket AS bucket, date_part('epoch', f - s) AS seconds
-              FROM clipped WHERE first_bucket = last_bucket
+        SELECT bucket, sum(span) AS span FROM (
+            SELECT bf AS bucket, f - GREATEST(s, bf) AS span FROM parts
             UNION ALL
-            SELECT g.bucket, date_part('epoch', LEAST(c.f, g.bucket + :step) - GREATEST(c.s, g.bucket))
-              FROM clipped AS c, LATERAL generate_series(c.first_bucket, c.last_bucket, :step) AS g(bucket)
-             WHERE c.first_bucket <> c.last_bucket
-        ) AS parts
+            SELECT g.bucket, LEAST(p.bf, g.bucket + :step) - GREATEST(p.s, g.bucket)
+              FROM parts AS p,
+                   LATERAL generate_series(date_bin(:step, p.s, {_ORIGIN}), p.bf - :step, :step) AS g(bucket)
+             WHERE p.s < p.bf
+        ) AS pieces
          GROUP BY 1
     )
     SELECT date_part('epoch', b.bucket)::float8 AS epoch,
-           COALESCE(busy.seconds, 0)::float8 / date_part('epoch', CAST(:step AS interval))::float8 AS busy,
+           COALESCE(date_part('epoch', busy.span), 0)::float8 / date_part('epoch', CAST(:step AS interval))::float8 AS busy,
            (SELECT concurrency FROM archive_worker_runners WHERE runner_id = :runner_id) AS concurrency,
            w.since, now() AS until
       FROM w
