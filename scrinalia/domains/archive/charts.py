@@ -186,7 +186,8 @@ _RUNNER_SLOTS = text(
          GROUP BY 1
     )
     SELECT date_part('epoch', b.bucket)::float8 AS epoch,
-           COALESCE(date_part('epoch', busy.span), 0)::float8 / date_part('epoch', CAST(:step AS interval))::float8 AS busy,
+           COALESCE(date_part('epoch', busy.span), 0)::float8
+             / date_part('epoch', CAST(:step AS interval))::float8 AS busy,
            (SELECT concurrency FROM archive_worker_runners WHERE runner_id = :runner_id) AS concurrency,
            w.since, now() AS until
       FROM w
