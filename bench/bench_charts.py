@@ -252,6 +252,19 @@ def seed(engine, n_runs: int, n_samples: int) -> tuple[uuid.UUID, uuid.UUID]:
     return runner, long_run
 
 
+BARE_READ = text(
+    """
+    SELECT count(*), sum(finished_at - started_at) FROM archive_worker_runs
+     WHERE runner_id = :r AND finished_at IS NOT NULL AND finished_at >= now() - interval '7 days'
+    """
+)
+
+
+def bare_read(engine, runner: uuid.UUID) -> None:
+    with engine.connect() as conn:
+        conn.execute(BARE_READ, {"r": runner}).one()
+
+
 def timed(fn, repeat: int) -> dict:
     for _ in range(5):
         fn()
@@ -296,6 +309,8 @@ def query_times(url: str, n_runs: int, n_samples: int, repeat: int) -> dict:
             "runner 24h": lambda: charts.runner_slots(engine, runner, rday),
             "runner 7d": lambda: charts.runner_slots(engine, runner, rweek),
             "run of 24 h": lambda: charts.run_series(engine, long_run, 300),
+            # What the runner's 7-d chart cannot do without: reading its runs of the window (a baseline)
+            "baseline: read the runner's 7 d of runs": lambda: bare_read(engine, runner),
         }
         out["statement"] = {name: timed(fn, repeat) for name, fn in queries.items()}
         app = create_app(engine=engine, api_settings=ApiSettings(cookie_secure=False), ui_dir="/nonexistent")
@@ -360,8 +375,8 @@ def main() -> None:
     for name, plan_text in report["queries"].pop("plans").items():
         print(f"--- plan: {name}\n{plan_text}")
     print(json.dumps(report["queries"], indent=1, default=str))
-    slow = [name for where in ("statement", "api") for name, t in report["queries"][where].items()
-            if t["p50_ms"] > TARGET_MS]
+    slow = [f"{where}: {name}" for where in ("statement", "api") for name, t in report["queries"][where].items()
+            if t["p50_ms"] > TARGET_MS and not name.startswith("baseline")]
     print("chart queries p50 <= 50 ms:", "yes" if not slow else f"NO: {slow}")
 
 
