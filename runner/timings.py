@@ -113,6 +113,12 @@ class Timings:
     def heartbeat_retry(self) -> float:
         return min(HEARTBEAT_RETRY_MAX, self.heartbeat)
 
+    def child_bounds(self) -> Any:
+        """The server-side bounds of a child's sessions (``runner.database.ChildSessionBounds``, their home)."""
+        from runner.database import ChildSessionBounds
+
+        return ChildSessionBounds.for_lease(self.lease)
+
     def listening_poll(self) -> float:
         """The poll while the LISTEN is up: the safety net, at most a quarter of the lease."""
         return max(self.poll, min(self.listen_poll, self.lease / 4))
@@ -122,11 +128,10 @@ class Timings:
     def rows(self) -> list[Quantity]:
         """Every quantity, in the order of the table in docs/architecture.md."""
         from runner import child, control, forkserver, stall
-        from runner.database import ChildSessionBounds
         from runner.loop_state import MAX_SELECT_WAIT, NO_PIDFD_POLL, PROGRESS_INTERVAL
         from runner.run_state import EOF_GRACE
 
-        bounds = ChildSessionBounds.for_lease(self.lease)
+        bounds = self.child_bounds()
         q = Quantity
         return [
             q("heartbeat", self.heartbeat, "--heartbeat", "15", "the lease is renewed this often"),

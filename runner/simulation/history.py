@@ -147,10 +147,12 @@ class Simulation:
         timings = self.timings
         supervisor_faults = SessionFaults(self.world, self.network, cast(Host, None), "supervisor",
                                           timings.statement_seconds, timings.server_statement_seconds)
+        bounds = timings.child_bounds()  # the children's session bounds, as production derives them
         child_faults = SessionFaults(self.world, self.network, cast(Host, None), "child", 0.0,
-                                     timings.lease / 2)
+                                     bounds.statement_timeout_ms / 1000)
         session = self.db.session(lock_timeout_s=timings.server_statement_seconds, name=name, faults=supervisor_faults)
-        child_session = self.db.session(lock_timeout_s=timings.lease / 4, name=f"{name}/children", faults=child_faults)
+        child_session = self.db.session(lock_timeout_s=bounds.lock_timeout_ms / 1000, name=f"{name}/children",
+                                        faults=child_faults)
         host = Host(self, name, self.world, session, child_session)
         supervisor_faults.host = child_faults.host = host
         self.hosts.append(host)
