@@ -288,6 +288,14 @@ class Simulation:
         self.faults.counts[kind] += 1
         world.trace(name or "world", f"FAULT {kind} for {abs(fault.seconds):.3f}s")
 
+    def _settled(self) -> bool:
+        """Every run ended (or is QUEUED for a worker no live runner claims) and no child lives."""
+        if self.live:
+            return False
+        claimable = {w for h in self.hosts if h.supervisor is not None and h.running for w in h.supervisor.capabilities}
+        return all(row["status"] not in ("RUNNING", "QUEUED") or
+                   (row["status"] == "QUEUED" and row["worker_name"] not in claimable) for row in self.db.runs.values())
+
     def _database_restarted(self) -> None:
         """A restart ends every session: a child's open batch is lost with its connection."""
         for child in self.live_children():
@@ -306,7 +314,10 @@ class Simulation:
             world.at(self.rng.uniform(0.5, 2.0), self._status_query)
             for fault in self.faults.schedule(3, ACTIVE_SECONDS):
                 world.at(fault.at, functools.partial(self._inject, fault))
-            world.run_until(ACTIVE_SECONDS + self.settle_seconds)
+            world.run_until(ACTIVE_SECONDS)
+            end = ACTIVE_SECONDS + self.settle_seconds
+            while world.now < end and not self.stop_now and not self._settled():
+                world.run_until(min(end, world.now + 0.5))  # the settle ends early once every run has ended
             if not self.stop_now:
                 self.checker.check_end()
         finally:
