@@ -40,7 +40,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -130,9 +130,39 @@ def error_fingerprint(error: str | None) -> str | None:
     return _DIGITS.sub("<n>", _HASH.sub("<hash>", text))[:200]
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _copy_plain(value: Any) -> Any:
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotPlain
+            out[key] = _copy_plain(item)
+        return out
+    if kind is list:
+        return [_copy_plain(item) for item in value]
+    raise _NotPlain
+
+
 def _jsonb(value: Any) -> Any:
-    """What a value becomes through ``CAST(:x AS jsonb)`` of the ledger's ``_json`` and back."""
-    return None if value is None else json.loads(json.dumps(value, default=str))
+    """What a value becomes through ``CAST(:x AS jsonb)`` of the ledger's ``_json`` and back. Plain JSON
+    (dicts with str keys, lists, scalars: the usual case) is only copied; anything else (tuples, uuids,
+    datetimes, non-str keys) goes through ``json`` as the ledger's ``_json`` sends it."""
+    if value is None:
+        return None
+    try:
+        return _copy_plain(value)
+    except _NotPlain:
+        return json.loads(json.dumps(value, default=str))
 
 
 def _duration_ms(now: datetime, started_at: datetime | None) -> int | None:
@@ -194,6 +224,7 @@ class MemoryDatabase:
     elapse: Callable[[float], None] | None = None
     runs: dict[int, dict[str, Any]] = field(default_factory=dict)
     by_run_id: dict[uuid.UUID, dict[str, Any]] = field(default_factory=dict)
+    by_text: dict[str, dict[str, Any]] = field(default_factory=dict)  # run_id::text, as jsonb keys name rows
     runners: dict[uuid.UUID, dict[str, Any]] = field(default_factory=dict)
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     locks: dict[uuid.UUID, list[RowLock]] = field(default_factory=dict)
@@ -206,6 +237,8 @@ class MemoryDatabase:
 
     def now(self) -> datetime:
         moment = self.clock()
+        if moment.tzinfo is UTC:
+            return moment
         if moment.tzinfo is None:
             raise ValueError("the in-memory ledger's clock must return aware datetimes")
         return moment.astimezone(UTC)
@@ -313,6 +346,7 @@ class MemoryDatabase:
         row.update(values)
         self.runs[row_id] = row
         self.by_run_id[row["run_id"]] = row
+        self.by_text[str(row["run_id"])] = row
         self._slot[worker] = row
         if row["status"] == "RUNNING":
             self._running_by_runner.setdefault(row["runner_id"], {})[row["run_id"]] = row
@@ -345,6 +379,31 @@ class MemoryDatabase:
         rows = [self._slot[w] for w in dict.fromkeys(capabilities) if w in self._slot]
         rows = [r for r in rows if r["status"] == "QUEUED" and (r["not_before"] is None or r["not_before"] <= now)]
         return sorted(rows, key=lambda r: (r["queued_at"], r["id"]))
+
+
+class _Unfaulted:
+    """A statement with no faults hook: nothing before, nothing after (the simulator's hot path)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_UNFAULTED = _Unfaulted()
+
+
+class _Faulted:
+    def __init__(self, session: InMemoryLedger, faults: StatementFaults, what: str) -> None:
+        self.session, self.faults, self.what = session, faults, what
+
+    def __enter__(self) -> None:
+        self.faults.before(self.session, self.what)
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.faults.after(self.session, self.what)
 
 
 class StatementFaults(Protocol):
@@ -429,14 +488,13 @@ class InMemoryLedger:
         self.faults = faults
         self.deadline: float | None = None  # the caller's bound (``bounded``), for the faults to honour
 
-    @contextmanager
-    def _statement(self, what: str) -> Iterator[None]:
+    def _statement(self, what: str) -> AbstractContextManager[None]:
+        """One statement of this session: counted, and passed by the faults hook (before; after, unless
+        it failed)."""
         self.db.statements += 1
-        if self.faults is not None:
-            self.faults.before(self, what)
-        yield
-        if self.faults is not None:
-            self.faults.after(self, what)
+        if self.faults is None:
+            return _UNFAULTED
+        return _Faulted(self, self.faults, what)
 
     @contextmanager
     def bounded(self, deadline: float | None) -> Iterator[None]:
@@ -447,6 +505,8 @@ class InMemoryLedger:
             self.deadline = previous
 
     def _wait_for(self, what: str, rows: Iterable[dict[str, Any]], now: datetime) -> None:
+        if not self.db.locks:
+            return  # no other session holds anything (the usual case)
         for row in rows:
             self.db._acquire(what, row, UPDATE, self.lock_timeout_s, now)
 
@@ -560,13 +620,15 @@ class InMemoryLedger:
                 registry["last_heartbeat_at"] = now
                 if children is not None:
                     registry["children"] = _jsonb(children)
-            beat_progress = _jsonb({str(k): v for k, v in progress.items()}) if progress else {}
             held: dict[uuid.UUID, datetime | None] = {}
             for row in rows:
                 row["heartbeat_at"], row["lease_expires_at"] = now, until
-                if str(row["run_id"]) in beat_progress:
-                    row["progress"] = beat_progress[str(row["run_id"])]
                 held[row["run_id"]] = row["cancel_requested_at"]
+            if progress:  # COALESCE(:progress -> r.run_id::text, r.progress): the key's text names the row
+                for key, value in _jsonb({str(k): v for k, v in progress.items()}).items():
+                    row = db.by_text.get(key)
+                    if row is not None and row["run_id"] in held:
+                        row["progress"] = value
             return HeartbeatResult(
                 registry_renewed=registry is not None, held=held,
                 drain_requested_at=registry["drain_requested_at"] if registry is not None else None,
@@ -580,7 +642,8 @@ class InMemoryLedger:
             now = self.db.now()
             changes = []
             for key, value in _jsonb({str(k): v for k, v in progress.items()}).items():
-                row = self._held_row(uuid.UUID(key), runner_id)
+                found = self.db.by_text.get(key)
+                row = self._held_row(found["run_id"], runner_id) if found is not None else None
                 if row is not None and row["progress"] != value:
                     changes.append((row, value))
             self._wait_for("record_progress", [row for row, _ in changes], now)
