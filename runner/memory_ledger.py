@@ -626,9 +626,9 @@ class InMemoryLedger:
                 held[row["run_id"]] = row["cancel_requested_at"]
             if progress:  # COALESCE(:progress -> r.run_id::text, r.progress): the key's text names the row
                 for key, value in _jsonb({str(k): v for k, v in progress.items()}).items():
-                    row = db.by_text.get(key)
-                    if row is not None and row["run_id"] in held:
-                        row["progress"] = value
+                    named = db.by_text.get(key)
+                    if named is not None and named["run_id"] in held:
+                        named["progress"] = value
             return HeartbeatResult(
                 registry_renewed=registry is not None, held=held,
                 drain_requested_at=registry["drain_requested_at"] if registry is not None else None,
