@@ -337,6 +337,21 @@ def test_a_heartbeat_keeps_the_lease_from_expiring(world: World) -> None:
     assert world.elapsed() > SHORT_LEASE
 
 
+def test_a_lapsed_lease_is_still_held_until_someone_expires_it(world: World) -> None:
+    """The fence of the row statements is runner_id and status, not the lease: between the lease's end
+    and the next expiry, the holder's heartbeat renews it and its finish closes it (only the batch fence
+    reads the clock)."""
+    run, runner_id = _claimed(world, lease=SHORT_LEASE)
+    world.wait(SHORT_LEASE + 0.1)
+    beat = world.ledger.heartbeat(runner_id, 60)
+    assert beat.held == {run.run_id: None}
+    assert world.ledger.expire_leases() == []
+    second, other = _claimed(world, "v", lease=SHORT_LEASE)
+    world.wait(SHORT_LEASE + 0.1)
+    done = world.ledger.finish(second.run_id, other, "SUCCESS")
+    assert done is not None and done.status == "SUCCESS"
+
+
 def test_expiry_skips_a_row_another_session_holds_locked(world: World) -> None:
     run, _ = _claimed(world, lease=SHORT_LEASE)
     world.wait(SHORT_LEASE + 0.1)
