@@ -36,6 +36,7 @@ JSON values are shared with the store: a caller must not mutate them (the superv
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
@@ -351,6 +352,13 @@ class MemoryDatabase:
         else:
             state = "stale"
         return RunnerRow(**row, state=state)
+
+    def digest(self) -> str:
+        """A fingerprint of the whole world (every run, runner, committed batch), in insertion order: two
+        histories that end in the same state give the same digest (the simulator's "same seed, same
+        history" check)."""
+        state = (list(self.runs.values()), list(self.runners.values()), self.committed_batches)
+        return hashlib.sha256(repr(state).encode()).hexdigest()
 
     def active_runs(self) -> list[WorkerRun]:
         """Every QUEUED or RUNNING row (the slot index's content), for the simulator's invariants."""

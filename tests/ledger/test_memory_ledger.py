@@ -31,12 +31,12 @@ def _world() -> tuple[VirtualClock, MemoryDatabase, InMemoryLedger]:
     return clock, database, database.session(lock_timeout_s=1.0, name="runner")
 
 
-def _history() -> list[tuple[object, ...]]:
+def _history(steps: int = 20) -> tuple[list[tuple[object, ...]], str]:
     clock, database, session = _world()
     runner_id = uuid.UUID(int=1)
     session.register(registration(["a", "b"], runner_id=runner_id))
     out: list[tuple[object, ...]] = []
-    for step in range(20):
+    for step in range(steps):
         session.enqueue("a" if step % 2 else "b", {"options": {"step": step}})
         run = session.claim_next(runner_id, ["a", "b"], 5)
         assert run is not None
@@ -46,11 +46,12 @@ def _history() -> list[tuple[object, ...]]:
         done = session.finish(run.run_id, runner_id, "SUCCESS")
         out.append((run.run_id, run.queued_at, tuple(beat.held), tuple(r.run_id for r in expired),
                     done.finished_at if done else None))
-    return out
+    return out, database.digest()
 
 
 def test_the_same_history_twice_is_the_same() -> None:
     assert _history() == _history()
+    assert _history(19)[1] != _history()[1]
 
 
 def test_a_restart_breaks_every_open_transaction_and_frees_its_locks() -> None:
