@@ -867,7 +867,7 @@ class InMemoryLedger:
             row: dict[str, Any] = dict.fromkeys(_RUNNER_FIELDS)
             row.update({f.name: getattr(registration, f.name) for f in fields(RunnerRegistration)})
             row.update(capabilities=list(registration.capabilities), devices=_jsonb(registration.devices),
-                       children=[], started_at=now, last_heartbeat_at=now)
+                       sees=_jsonb(registration.sees), children=[], started_at=now, last_heartbeat_at=now)
             db.runners[registration.runner_id] = row
 
     def stop(self, runner_id: uuid.UUID) -> bool:

@@ -62,11 +62,12 @@ class World(Protocol):
 
 
 def registration(capabilities: list[str], *, lease: float = 60.0, heartbeat: float = 1.0,
-                 runner_id: uuid.UUID | None = None) -> RunnerRegistration:
+                 runner_id: uuid.UUID | None = None, sees: dict[str, Any] | None = None) -> RunnerRegistration:
     return RunnerRegistration(
         runner_id=runner_id or uuid.uuid4(), name="conformance", hostname=socket.gethostname(), pid=1,
         package_version="test", schema_revision=None, capabilities=capabilities, concurrency=1,
-        heartbeat_seconds=heartbeat, lease_seconds=lease,
+        heartbeat_seconds=heartbeat, lease_seconds=lease, devices=[{"index": 0, "name": "gpu"}],
+        sees=sees or {},
     )
 
 

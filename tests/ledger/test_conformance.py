@@ -412,10 +412,12 @@ def test_cancel_flags_a_running_run_and_the_heartbeat_hands_it_over(world: World
 
 
 def test_register_and_stop(world: World) -> None:
-    reg = registration(["w"], lease=30, heartbeat=5)
+    reg = registration(["w"], lease=30, heartbeat=5, sees={"model_dirs": ["/models"], "model_roots": []})
     world.ledger.register(reg)
     seen = world.runner(reg.runner_id)
     assert seen is not None and (seen.state, seen.capabilities, seen.lease_seconds) == ("online", ["w"], 30)
+    assert seen.sees == {"model_dirs": ["/models"], "model_roots": []}
+    assert seen.devices == [{"index": 0, "name": "gpu"}]
     assert seen.started_at == seen.last_heartbeat_at and seen.children == []
     with pytest.raises(IntegrityError):
         world.ledger.register(reg)  # the same runner id twice
