@@ -43,7 +43,9 @@ class AppContext:
         from scrinalia.api.events import EventHub
         from scrinalia.db.engine import connect_args_for
 
-        return EventHub.for_engine(self.engine, **connect_args_for(self.settings, "scrinalia-api-events"))
+        direct = self.settings.session_url() if self.settings is not None else None
+        url = direct.url if direct is not None else None
+        return EventHub.for_engine(self.engine, url=url, **connect_args_for(self.settings, "scrinalia-api-events", url))
 
     @cached_property
     def lockout(self) -> LockoutPolicy:

@@ -21,6 +21,19 @@ def command() -> None:
     """Schedules and the scheduler process (exactly one is active; others stand by)."""
 
 
+def _leader_engine():
+    """The leader lock's own session on DATABASE_SESSION_URL (past a transaction pooler), or None."""
+    from scrinalia.db.engine import create_engine_from_url
+    from scrinalia.scheduler.service import SESSION_BOUNDS
+
+    settings = get_settings()
+    direct = settings.session_url()
+    if direct is None:
+        return None
+    return create_engine_from_url(direct, settings=settings, application_name="scrinalia-scheduler-leader",
+                                  pool_size=1, max_overflow=0, connect_args=dict(SESSION_BOUNDS))
+
+
 @command.command("run")
 @click.option("--interval", default=5.0, show_default=True, help="Seconds between ticks.")
 def run(interval: float) -> None:
@@ -28,7 +41,7 @@ def run(interval: float) -> None:
     from scrinalia.scheduler.service import Scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    Scheduler(_engine()).serve(interval)
+    Scheduler(_engine(), leader_engine=_leader_engine()).serve(interval)
 
 
 @command.command("add")

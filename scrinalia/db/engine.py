@@ -10,14 +10,24 @@ that statement, never a stale transaction start. A single-statement step runs th
 ``one_statement``: the connection is in autocommit while it is checked out, so the server sees the
 statement alone (its own implicit transaction) instead of BEGIN + statement + COMMIT, three round trips
 (decision 0070). A multi-statement transaction (the workers' fenced commit) still uses ``engine.begin()``.
+
+Nothing depends on session state that a transaction pooler (PgBouncer in transaction mode) drops
+(decision 0121): no connection prepares statements on the server (``prepare_threshold=None``), and the
+session bounds a caller gives in ``options`` (``statement_timeout``, ``lock_timeout``,
+``idle_in_transaction_session_timeout``) are also sent at the start of every transaction, in the same
+round trip as its first statement (``BoundedCursor``).
 """
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, get_args
 
+import psycopg
+from psycopg import pq
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import URL
 
@@ -67,6 +77,67 @@ KEEPALIVE_SERVER_OPTIONS = ("-c tcp_keepalives_idle=5 -c tcp_keepalives_interval
 def merge_options(*options: str | None) -> str:
     """libpq ``options`` strings joined (a later ``-c name=value`` wins over an earlier one)."""
     return " ".join(o.strip() for o in options if o and o.strip())
+
+
+#: The session bounds that ``options`` may carry and that a transaction pooler would drop with it.
+SESSION_BOUND_SETTINGS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+_BOUND_OPTION = re.compile(r"-c\s*(" + "|".join(SESSION_BOUND_SETTINGS) + r")=(\S+)")
+_BOUND_VALUE = re.compile(r"^\d+(ms|s|min|h)?$")
+
+
+def session_bounds_in(options: str | None) -> dict[str, str]:
+    """The bounds a libpq ``options`` string sets (``-c statement_timeout=800``; a later one wins)."""
+    bounds: dict[str, str] = {}
+    for name, value in _BOUND_OPTION.findall(options or ""):
+        if not _BOUND_VALUE.match(value):
+            raise ValueError(f"{name}={value!r}: a session bound is a number of ms (or with a unit)")
+        bounds[name] = value
+    return bounds
+
+
+def bounds_statement(bounds: dict[str, str]) -> str:
+    """The statement that puts ``bounds`` in force for the current transaction only (``set_config``
+    with is_local: what SET LOCAL does, without its warning outside an explicit block). The values are
+    checked by ``session_bounds_in``: digits and a unit, nothing to quote."""
+    calls = ", ".join(f"set_config('{name}', '{value}', true)" for name, value in bounds.items())
+    return f"SELECT {calls}"
+
+
+@functools.cache
+def bounded_cursor_class(statement: str) -> type[psycopg.Cursor[Any]]:
+    """A psycopg cursor class that sends ``statement`` (``bounds_statement``) before the first statement
+    of every transaction, in one pipeline with it: one round trip, as before (decision 0070), and the
+    bounds hold whatever server session a pooler lends this transaction. psycopg's implicit BEGIN (a
+    transaction outside autocommit) joins the same pipeline, so an explicit transaction costs one
+    round trip less than without it. In autocommit the server runs the two statements as one implicit
+    transaction ending at the pipeline's Sync, so the local settings end with the statement."""
+    sql = statement.encode()
+
+    class BoundedCursor(psycopg.Cursor[Any]):
+        def _starts_transaction(self) -> bool:
+            info = self.connection.info
+            return (info.transaction_status == pq.TransactionStatus.IDLE
+                    and info.pipeline_status == pq.PipelineStatus.OFF)
+
+        def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                    binary: bool | None = None) -> BoundedCursor:
+            if not self._starts_transaction():
+                super().execute(query, params, prepare=prepare, binary=binary)
+                return self
+            with self.connection.pipeline():
+                psycopg.Cursor(self.connection).execute(sql, prepare=False)
+                super().execute(query, params, prepare=prepare, binary=binary)
+            return self
+
+        def executemany(self, query: Any, params_seq: Any, *, returning: bool = False) -> None:
+            if not self._starts_transaction():
+                super().executemany(query, params_seq, returning=returning)
+                return
+            with self.connection.pipeline():
+                psycopg.Cursor(self.connection).execute(sql, prepare=False)
+                super().executemany(query, params_seq, returning=returning)
+
+    return BoundedCursor
 
 
 def connect_args_for(settings: DatabaseTls | None, application_name: str, url: URL | None = None) -> dict[str, Any]:
@@ -151,6 +222,12 @@ def create_engine_from_url(
     connect_args.update(KEEPALIVE_CONNECT_ARGS)
     connect_args.update(extra)
     connect_args["options"] = options
+    # No server-side prepared statements: a transaction pooler hands the next transaction another
+    # server session, where "_pg3_0" does not exist (or another client's does). Decision 0121.
+    connect_args["prepare_threshold"] = None
+    bounds = session_bounds_in(options)
+    if bounds:
+        connect_args["cursor_factory"] = bounded_cursor_class(bounds_statement(bounds))
     # hide_parameters: a failed statement's parameters never reach an exception message or a log.
     engine = create_engine(parsed.url, connect_args=connect_args, hide_parameters=True, **kwargs)
     if server_facts is not None:
