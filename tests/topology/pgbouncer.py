@@ -53,9 +53,9 @@ class PgBouncer:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # PgBouncer's immediate shutdown
+            self.proc.send_signal(signal.SIGTERM)  # 1.18's immediate shutdown (SIGINT waits for clients)
             try:
-                self.proc.wait(10)
+                self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -96,11 +96,12 @@ def pgbouncer(
     (root / "userlist.txt").write_text("".join(f'"{u}" ""\n' for u in users))
     (root / "pgbouncer.ini").write_text(_ini(port, server_port, root, pool_mode, settings or {}))
     argv = [pgbouncer_binary(), str(root / "pgbouncer.ini")]
+    as_user: dict[str, str] = {}
     if os.geteuid() == 0:
         for path in (root, *root.iterdir()):
             shutil.chown(path, SERVER_USER, SERVER_USER)
-        argv = ["runuser", "-u", SERVER_USER, "--", *argv]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        as_user = {"user": SERVER_USER, "group": SERVER_USER}  # the process itself, so that it gets our signals
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_user)
     bouncer = PgBouncer(port, root, proc)
     try:
         _wait_listening(bouncer)
