@@ -58,6 +58,7 @@ class DatabaseUrl:
 #: libpq's connection parameters that say where the server is; everything else stays in the query.
 _WHERE = ("user", "password", "dbname", "host", "port")
 #: SQLAlchemy's own multi-host form (``?host=h1:p1&host=h2:p2``): a ``host`` query value with a port.
+_UNKNOWN_OPTION = re.compile(r'invalid connection option "([A-Za-z_]+)"')
 _HOST_WITH_PORT = re.compile(r"^[A-Za-z0-9.\-]+:\d*$")
 
 
@@ -117,7 +118,14 @@ def _libpq_url(text: str) -> URL:
 
     if "://" in text:  # name a misspelt query parameter (a name is no secret; libpq's message may quote the URI)
         _refuse_unknown(parse_qs(urlsplit(text).query).keys())
-    params = {k: str(v) for k, v in conninfo_to_dict(text).items()}
+    try:
+        parsed = conninfo_to_dict(text)
+    except Exception as exc:  # keep only an unknown option's NAME from libpq's message (never a value)
+        unknown = _UNKNOWN_OPTION.search(str(exc))
+        if unknown:
+            raise SettingsError(f"libpq knows no connection parameter {unknown.group(1)}") from None
+        raise
+    params = {k: str(v) for k, v in parsed.items()}
     user, password, dbname = params.pop("user", None), params.pop("password", None), params.pop("dbname", None)
     host, port = params.pop("host", None), params.pop("port", None)
     simple = host is not None and "," not in host and not host.startswith("/") and "," not in (port or "")
@@ -148,6 +156,8 @@ def _check_parameters(url: URL) -> None:
     that does not match, or a mix of the two multi-host forms is refused now, not at the first connect."""
     from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
+    if url.host and "host" in url.query:
+        raise SettingsError("it names its hosts twice (before the path and in ?host=)")
     try:
         _, params = PGDialect_psycopg().create_connect_args(url)
     except Exception:  # sqlalchemy's ArgumentError: mixed multi-host forms, unmatched hosts and ports
