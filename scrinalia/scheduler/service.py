@@ -85,7 +85,7 @@ class Scheduler:
         except Exception:
             self.release()
             raise
-        if held and answer is not None and self._leader_pid not in (None, answer[1]):
+        if answer is not None and self._leader_pid not in (None, answer[1]):
             log.error("scheduler: the leader lock's session changed under its connection (backend %s, then %s): "
                       "a transaction pooler is in the way, and a session lock means nothing through it; not "
                       "leading. Set DATABASE_SESSION_URL to a direct connection (docs/install.md, "
@@ -93,7 +93,8 @@ class Scheduler:
             self.pooled = True
             self.release()
             return False
-        self._leader_pid = answer[1] if held and answer is not None else None
+        if answer is not None and self._leader_pid is None:
+            self._leader_pid = answer[1]  # this connection's session: it must stay the same one
         return held
 
     def release(self) -> None:

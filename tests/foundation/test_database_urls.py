@@ -86,7 +86,8 @@ def test_every_form_connects(engine, database_url):
         other = create_engine_from_url(raw, pool_size=1)
         try:
             with other.connect() as conn:
-                assert conn.execute(text("SELECT current_database()")).scalar_one() == make_url(database_url).database, name
+                seen = conn.execute(text("SELECT current_database()")).scalar_one()
+            assert seen == make_url(database_url).database, name
         finally:
             other.dispose()
 

@@ -96,12 +96,12 @@ def pgbouncer(
     (root / "userlist.txt").write_text("".join(f'"{u}" ""\n' for u in users))
     (root / "pgbouncer.ini").write_text(_ini(port, server_port, root, pool_mode, settings or {}))
     argv = [pgbouncer_binary(), str(root / "pgbouncer.ini")]
-    as_user: dict[str, str] = {}
+    user = None
     if os.geteuid() == 0:
         for path in (root, *root.iterdir()):
             shutil.chown(path, SERVER_USER, SERVER_USER)
-        as_user = {"user": SERVER_USER, "group": SERVER_USER}  # the process itself, so that it gets our signals
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_user)
+        user = SERVER_USER  # the process itself (not runuser), so that it gets our signals
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, user=user, group=user)
     bouncer = PgBouncer(port, root, proc)
     try:
         _wait_listening(bouncer)

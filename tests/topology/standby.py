@@ -55,7 +55,8 @@ def primary_and_standby() -> Iterator[Pair]:
         primary._chown(root / "standby")
         proc = subprocess.run(primary._as_server_user([
             str(primary.bindir / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port), "-U", SERVER_USER,
-            "-D", str(standby.data_dir), "-R", "-X", "stream", "--no-sync"]), capture_output=True, text=True, timeout=120)
+            "-D", str(standby.data_dir), "-R", "-X", "stream", "--no-sync"]),
+            capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         standby.start(fsync=False, max_connections=60, settings=SYNC)
         psql(primary, "postgres", "ALTER SYSTEM SET synchronous_standby_names = '*'")

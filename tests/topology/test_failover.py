@@ -71,7 +71,8 @@ def test_a_promoted_standby_fails_no_run_with_libpq_s_multi_host_url(start_runne
                 rows = [wait_status(engine, r.run_id, ("SUCCESS", "FAILED", "INTERRUPTED"), timeout=90) for r in runs]
                 assert [r.status for r in rows] == ["SUCCESS"] * len(runs), [(r.status, r.error) for r in rows]
                 with engine.connect() as conn:
-                    counts = conn.execute(text("SELECT done_count, count(*) FROM fence_units GROUP BY done_count")).all()
+                    counts = conn.execute(
+                        text("SELECT done_count, count(*) FROM fence_units GROUP BY done_count")).all()
                     assert not conn.execute(text("SELECT pg_is_in_recovery()")).scalar_one()  # the new primary
                 assert dict(counts) == {1: len(WORKERS) * UNITS}, counts  # every unit stamped exactly once
                 assert _api_reads(api.base, headers)

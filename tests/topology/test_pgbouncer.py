@@ -132,3 +132,25 @@ def test_the_api_answers_a_hundred_reads_through_pgbouncer_and_says_its_listen_i
         log = api.log()
     assert log.count("notifications do not arrive") == 1, log
     assert not PREPARED_ERRORS.search(log), log[-3000:]
+
+
+def test_the_scheduler_s_lock_needs_a_session_and_says_so_through_pgbouncer(engine, bouncer, database_url, caplog):
+    from scrinalia.db.engine import create_engine_from_url
+    from scrinalia.scheduler.service import SESSION_BOUNDS, Scheduler
+
+    pooled = create_engine_from_url(through(bouncer, database_url), connect_args=dict(SESSION_BOUNDS))
+    direct = create_engine_from_url(database_url, pool_size=1)
+    try:
+        for leader_engine, expected in ((direct, True), (None, False)):  # (a lock left in a pooled session stays)
+            scheduler = Scheduler(pooled, catalogue={}, leader_engine=leader_engine)
+            assert scheduler.tick().leader
+            # Another client's transaction takes the server session the lock was taken on (the pooler
+            # lends its most recent one first): the lock's connection is handed another session.
+            with psycopg.connect(through(bouncer, database_url), prepare_threshold=None) as other:
+                other.execute("SELECT 1")
+                assert scheduler.tick().leader is expected
+            scheduler.release()
+    finally:
+        pooled.dispose()
+        direct.dispose()
+    assert caplog.text.count("the leader lock's session changed under its connection") == 1
