@@ -9,7 +9,9 @@ deaf, said once, and the poll picks up within --poll + 1 s; the API answers its 
 """
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from collections.abc import Iterator
 
 import httpx
@@ -21,7 +23,7 @@ from sqlalchemy.engine import make_url
 from scrinalia.domains.archive import ledger
 from tests.api.conftest import PASSWORD, add_user
 from tests.api.live import live_api
-from tests.runner.conftest import enqueue, wait_for, wait_status
+from tests.runner.conftest import ROOT, RUNNER, enqueue, wait_for, wait_status
 from tests.topology.pgbouncer import DOCUMENTED_SETTINGS, PgBouncer, pgbouncer
 
 pytestmark = pytest.mark.slow
@@ -85,12 +87,26 @@ def test_through_pgbouncer_runs_end_success_bounds_hold_and_the_poll_covers_a_de
 
 def test_a_direct_session_url_gives_the_runner_a_listen_that_hears(start_runner, runner_env, engine, bouncer,
                                                                    database_url):
-    env = {**runner_env, "DATABASE_URL": through(bouncer, database_url), "RUNNER_DATABASE_SESSION_URL": database_url}
+    # A password the test cluster's trust authentication ignores, and that no log line may show.
+    direct = make_url(database_url).set(password="listen-secret-pw").render_as_string(hide_password=False)
+    env = {**runner_env, "DATABASE_URL": through(bouncer, database_url), "RUNNER_DATABASE_SESSION_URL": direct}
     runner = start_runner("--poll", "5", "--heartbeat", "1", "--lease", "8", "--capabilities", "ok", env=env)
     wait_for(lambda: runner.status()["notifications"]["state"] == "hears", 30, what="the LISTEN to hear")
     run = wait_status(engine, enqueue(engine, "ok").run_id, "SUCCESS", timeout=30)
     assert (run.started_at - run.queued_at).total_seconds() < 2.5  # on the notification, not the 5 s poll
     assert "notifications do not arrive" not in runner.log()
+    assert "RUNNER_DATABASE_SESSION_URL" in runner.log() and "listen-secret-pw" not in runner.log()
+
+
+def test_the_one_shot_cli_through_pgbouncer_has_its_child_bounded(runner_env, bouncer, database_url):
+    env = {**runner_env, "DATABASE_URL": through(bouncer, database_url)}
+    proc = subprocess.run([*RUNNER, "run", "session-settings", "--lease", "8", "--heartbeat", "2", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)["result"]
+    assert (result["statement_timeout"], result["lock_timeout"], result["idle_in_transaction_session_timeout"]) \
+        == ("4s", "2s", "4s"), result
+    assert not PREPARED_ERRORS.search(proc.stderr)
 
 
 def test_a_locked_registry_row_reads_blocked_through_pgbouncer(start_runner, runner_env, engine, bouncer,
