@@ -134,6 +134,9 @@ def pickup(engine: Any, url: str, env: dict[str, str], work: Path, runs: int) ->
                 "pickup_ms_p50": round(percentile(latencies, 0.5), 1),
                 "pickup_ms_p95": round(percentile(latencies, 0.95), 1), "pickup_ms_max": round(max(latencies), 1),
                 "statements_per_run": round(spent.get("statements", 0) / runs, 1),
+                # of which the session bounds sent with every transaction (decision 0121; same round trip)
+                "bounds_statements_per_run": round(sum(calls for query, calls in spent.get("by_statement", [])
+                                                       if query.startswith("SELECT set_config")) / runs, 1),
                 "window_seconds": round(window, 1), "prepared_errors": len(PREPARED.findall(daemon.log()))}
     finally:
         daemon.stop()

@@ -15,12 +15,14 @@ Nothing depends on session state that a transaction pooler (PgBouncer in transac
 (decision 0121): no connection prepares statements on the server (``prepare_threshold=None``), and the
 session bounds a caller gives in ``options`` (``statement_timeout``, ``lock_timeout``,
 ``idle_in_transaction_session_timeout``) are also sent at the start of every transaction, in the same
-round trip as its first statement (``BoundedCursor``).
+round trip as its first statement, on every connection whose session turns out not to hold them
+(``bounded_cursor_class``).
 """
 from __future__ import annotations
 
 import functools
 import re
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -103,39 +105,74 @@ def bounds_statement(bounds: dict[str, str]) -> str:
     return f"SELECT {calls}"
 
 
+def bounds_check_statement(bounds: dict[str, str]) -> str:
+    """True when the session already runs under ``bounds`` (libpq's ``options`` reached the server)."""
+    def interval(value: str) -> str:
+        return f"interval '{value}ms'" if value.isdigit() else f"interval '{value}'"
+
+    checks = " AND ".join(f"current_setting('{name}')::interval = {interval(value)}" for name, value in bounds.items())
+    return f"SELECT {checks}"
+
+
+#: Per connection: does its session hold the bounds itself (a direct one: libpq's options took effect)?
+_SESSION_HOLDS_BOUNDS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
 @functools.cache
-def bounded_cursor_class(statement: str) -> type[psycopg.Cursor[Any]]:
-    """A psycopg cursor class that sends ``statement`` (``bounds_statement``) before the first statement
-    of every transaction, in one pipeline with it: one round trip, as before (decision 0070), and the
-    bounds hold whatever server session a pooler lends this transaction. psycopg's implicit BEGIN (a
-    transaction outside autocommit) joins the same pipeline, so an explicit transaction costs one
-    round trip less than without it. In autocommit the server runs the two statements as one implicit
-    transaction ending at the pipeline's Sync, so the local settings end with the statement."""
-    sql = statement.encode()
+def bounded_cursor_class(bounds: tuple[tuple[str, str], ...]) -> type[psycopg.Cursor[Any]]:
+    """A psycopg cursor class that puts ``bounds`` in force at the start of every transaction of a
+    connection whose session lacks them (decision 0121), in one pipeline with the transaction's first
+    statement: one round trip, as before (decision 0070), whatever server session a pooler lends.
+
+    The first transaction of each connection also asks, in the same pipeline and before the bounds,
+    whether the session already holds them (``options`` reached the server: a direct connection, or a
+    pooler that passes it). If it does, later transactions are sent as they are: no extra statement on
+    a direct connection. Otherwise (a pooler dropped ``options``: the session is any server session)
+    every transaction carries them. In autocommit the server runs the pipeline's statements as one
+    implicit transaction ending at its Sync, so the local settings end with the step."""
+    as_dict = dict(bounds)
+    apply_sql, check_sql = bounds_statement(as_dict).encode(), bounds_check_statement(as_dict).encode()
 
     class BoundedCursor(psycopg.Cursor[Any]):
-        def _starts_transaction(self) -> bool:
-            info = self.connection.info
+        def _bounds_needed(self) -> bool:
+            conn = self.connection
+            info = conn.info
             return (info.transaction_status == pq.TransactionStatus.IDLE
-                    and info.pipeline_status == pq.PipelineStatus.OFF)
+                    and info.pipeline_status == pq.PipelineStatus.OFF and not _SESSION_HOLDS_BOUNDS.get(conn, False))
+
+        def _send_bounds(self) -> psycopg.Cursor[Any] | None:
+            """Inside the pipeline: the check (first transaction only), then the bounds."""
+            check = None
+            if self.connection not in _SESSION_HOLDS_BOUNDS:
+                check = psycopg.Cursor(self.connection)
+                check.execute(check_sql, prepare=False)
+            psycopg.Cursor(self.connection).execute(apply_sql, prepare=False)
+            return check
+
+        def _learn(self, check: psycopg.Cursor[Any] | None) -> None:
+            if check is not None:
+                row = check.fetchone()
+                _SESSION_HOLDS_BOUNDS[self.connection] = bool(row and row[0])
 
         def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
                     binary: bool | None = None) -> BoundedCursor:
-            if not self._starts_transaction():
+            if not self._bounds_needed():
                 super().execute(query, params, prepare=prepare, binary=binary)
                 return self
             with self.connection.pipeline():
-                psycopg.Cursor(self.connection).execute(sql, prepare=False)
+                check = self._send_bounds()
                 super().execute(query, params, prepare=prepare, binary=binary)
+            self._learn(check)
             return self
 
         def executemany(self, query: Any, params_seq: Any, *, returning: bool = False) -> None:
-            if not self._starts_transaction():
+            if not self._bounds_needed():
                 super().executemany(query, params_seq, returning=returning)
                 return
             with self.connection.pipeline():
-                psycopg.Cursor(self.connection).execute(sql, prepare=False)
+                check = self._send_bounds()
                 super().executemany(query, params_seq, returning=returning)
+            self._learn(check)
 
     return BoundedCursor
 
@@ -227,7 +264,7 @@ def create_engine_from_url(
     connect_args["prepare_threshold"] = None
     bounds = session_bounds_in(options)
     if bounds:
-        connect_args["cursor_factory"] = bounded_cursor_class(bounds_statement(bounds))
+        connect_args["cursor_factory"] = bounded_cursor_class(tuple(bounds.items()))
     # hide_parameters: a failed statement's parameters never reach an exception message or a log.
     engine = create_engine(parsed.url, connect_args=connect_args, hide_parameters=True, **kwargs)
     if server_facts is not None:
