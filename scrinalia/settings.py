@@ -197,11 +197,18 @@ class DatabaseTls(BaseSettings):
     db_sslmode: SSLMode = "prefer"
     db_sslrootcert: Path | None = None
 
+    @field_validator("db_sslrootcert", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """``DB_SSLROOTCERT=`` (an empty line of an env file) means "not set", not the current directory."""
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("db_sslrootcert")
     @classmethod
     def _cert_exists(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
-            raise ValueError(f"DB_SSLROOTCERT {value} is not a readable file")
+            raise ValueError(f"DB_SSLROOTCERT={str(value)!r} is not a readable file (a PEM file of the CA that "
+                             "signed the server's certificate; leave it empty or unset for libpq's default)")
         return value
 
 
@@ -223,6 +230,9 @@ class Settings(DatabaseTls):
     db_pool_size: int = Field(default=5, ge=1, le=100)
     db_pool_max_overflow: int = Field(default=10, ge=0, le=200)
     db_pool_timeout: float = Field(default=30.0, gt=0, le=600)
+    run_samples_retention_days: int = Field(
+        default=14, ge=1, le=3650,
+        description="Days a run's chart samples are kept (the scheduler prunes older ones)")
 
     @field_validator("database_url", "runner_database_url", "database_session_url", "runner_database_session_url")
     @classmethod

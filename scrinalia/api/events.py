@@ -24,6 +24,7 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
+from scrinalia.api.metrics import event_dropped
 from scrinalia.domains.archive.ledger_events import RESYNC, LedgerEvent, LedgerListener, conninfo_for, send_probe
 
 log = logging.getLogger("scrinalia.api.events")
@@ -63,9 +65,12 @@ class Subscriber:
 class EventHub:
     """The process's single LISTEN connection and its subscribers."""
 
-    def __init__(self, conninfo: str, engine: Engine | None = None) -> None:
+    def __init__(self, conninfo: str, workers: Collection[str] | None = None, engine: Engine | None = None) -> None:
         """``engine``: where the probe NOTIFY is sent from (None: the LISTEN is trusted as accepted)."""
-        self.listener = LedgerListener(conninfo, name="api events", probe=engine is not None, deaf_hint=DEAF_HINT)
+        # Only events of the triggers' shape, naming a worker of the catalogue, are relayed; the rest is
+        # dropped and counted (scrinalia_events_dropped_total): any database login may NOTIFY.
+        self.listener = LedgerListener(conninfo, name="api events", workers=workers, on_drop=event_dropped,
+                                       probe=engine is not None, deaf_hint=DEAF_HINT)
         self.engine = engine
         self.subscribers: set[Subscriber] = set()
         self.published = 0
@@ -73,10 +78,11 @@ class EventHub:
         self._closing = False
 
     @classmethod
-    def for_engine(cls, engine: Engine, *, url: URL | None = None, **connect_args: Any) -> EventHub:
+    def for_engine(cls, engine: Engine, workers: Collection[str] | None = None, *, url: URL | None = None,
+                   **connect_args: Any) -> EventHub:
         """The LISTEN on ``url`` (DATABASE_SESSION_URL) or the engine's database, probed from the engine."""
         conninfo = conninfo_for(engine, url=url, **{"application_name": "scrinalia-api-events", **connect_args})
-        return cls(conninfo, engine)
+        return cls(conninfo, workers, engine)
 
     @property
     def listening(self) -> bool:
