@@ -36,11 +36,12 @@ JSON values are shared with the store: a caller must not mutate them (the superv
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -130,9 +131,39 @@ def error_fingerprint(error: str | None) -> str | None:
     return _DIGITS.sub("<n>", _HASH.sub("<hash>", text))[:200]
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _copy_plain(value: Any) -> Any:
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotPlain
+            out[key] = _copy_plain(item)
+        return out
+    if kind is list:
+        return [_copy_plain(item) for item in value]
+    raise _NotPlain
+
+
 def _jsonb(value: Any) -> Any:
-    """What a value becomes through ``CAST(:x AS jsonb)`` of the ledger's ``_json`` and back."""
-    return None if value is None else json.loads(json.dumps(value, default=str))
+    """What a value becomes through ``CAST(:x AS jsonb)`` of the ledger's ``_json`` and back. Plain JSON
+    (dicts with str keys, lists, scalars: the usual case) is only copied; anything else (tuples, uuids,
+    datetimes, non-str keys) goes through ``json`` as the ledger's ``_json`` sends it."""
+    if value is None:
+        return None
+    try:
+        return _copy_plain(value)
+    except _NotPlain:
+        return json.loads(json.dumps(value, default=str))
 
 
 def _duration_ms(now: datetime, started_at: datetime | None) -> int | None:
@@ -159,6 +190,7 @@ class RowLock:
     run_id: uuid.UUID
     mode: str
     release_at: datetime | None = None
+    owner: InMemoryBatch | None = None  # the transaction that holds it (None: a session of the world's)
 
     def release(self) -> None:
         held = self.database.locks.get(self.run_id)
@@ -194,11 +226,13 @@ class MemoryDatabase:
     elapse: Callable[[float], None] | None = None
     runs: dict[int, dict[str, Any]] = field(default_factory=dict)
     by_run_id: dict[uuid.UUID, dict[str, Any]] = field(default_factory=dict)
+    by_text: dict[str, dict[str, Any]] = field(default_factory=dict)  # run_id::text, as jsonb keys name rows
     runners: dict[uuid.UUID, dict[str, Any]] = field(default_factory=dict)
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     locks: dict[uuid.UUID, list[RowLock]] = field(default_factory=dict)
     committed_batches: list[CommittedBatch] = field(default_factory=list)
     statements: int = 0
+    generation: int = 0  # bumped by a restart: the transactions of the generation before are gone
     # The indexes the statements read (PostgreSQL's, in spirit): the slot, and each runner's RUNNING rows.
     _slot: dict[str, dict[str, Any]] = field(default_factory=dict)
     _running_by_runner: dict[uuid.UUID, dict[uuid.UUID, dict[str, Any]]] = field(default_factory=dict)
@@ -206,54 +240,85 @@ class MemoryDatabase:
 
     def now(self) -> datetime:
         moment = self.clock()
+        if moment.tzinfo is UTC:
+            return moment
         if moment.tzinfo is None:
             raise ValueError("the in-memory ledger's clock must return aware datetimes")
         return moment.astimezone(UTC)
 
-    def session(self, *, lock_timeout_s: float, name: str = "session",
-                faults: StatementFaults | None = None) -> InMemoryLedger:
-        return InMemoryLedger(self, lock_timeout_s=lock_timeout_s, name=name, faults=faults)
+    def session(self, *, lock_timeout_s: float, name: str = "session", faults: StatementFaults | None = None,
+                idle_in_transaction_s: float | None = None) -> InMemoryLedger:
+        return InMemoryLedger(self, lock_timeout_s=lock_timeout_s, name=name, faults=faults,
+                              idle_in_transaction_s=idle_in_transaction_s)
 
     # --- row locks of other sessions -------------------------------------------------------------------
 
-    def lock_row(self, run_id: uuid.UUID, mode: str = UPDATE, *, release_after_s: float | None = None) -> RowLock:
+    def lock_row(self, run_id: uuid.UUID, mode: str = UPDATE, *, release_after_s: float | None = None,
+                 owner: InMemoryBatch | None = None) -> RowLock:
         """Take ``run_id``'s row lock as another session would (``SELECT ... FOR UPDATE`` / ``FOR SHARE``
         in a transaction left open) and hold it until ``release()`` (or ``release_after_s`` of the
-        database clock). Raises ``KeyError`` for an unknown run."""
+        database clock; or, for a batch's own lock, until its transaction ends). Locks of other sessions
+        do not conflict with each other here (the world's frozen sessions are not waited on by the
+        world). Raises ``KeyError`` for an unknown run."""
         if mode not in (SHARE, UPDATE):
             raise ValueError(f"a row lock is {SHARE!r} or {UPDATE!r}, not {mode!r}")
         if run_id not in self.by_run_id:
             raise KeyError(run_id)
         release_at = None if release_after_s is None else self.now() + _seconds(release_after_s)
-        lock = RowLock(self, run_id, mode, release_at)
+        lock = RowLock(self, run_id, mode, release_at, owner)
+        if owner is not None:
+            lock.release_at = owner.idle_deadline
         self.locks.setdefault(run_id, []).append(lock)
         return lock
 
-    def _locked(self, run_id: uuid.UUID, wanted: str, now: datetime) -> list[RowLock]:
+    def restart(self) -> None:
+        """The server restarts (or fails over): every session's connection breaks, so every open
+        transaction is gone and every row lock with it; committed rows stay (synchronous replication)."""
+        self.generation += 1
+        self.locks.clear()
+
+    def _locked(self, run_id: uuid.UUID, wanted: str, now: datetime,
+                owner: InMemoryBatch | None = None) -> list[RowLock]:
         held = self.locks.get(run_id)
         if not held:
             return []
         for lock in [lock for lock in held if lock.release_at is not None and lock.release_at <= now]:
             lock.release()
-        return [lock for lock in self.locks.get(run_id, ()) if lock.conflicts(wanted)]
+        return [lock for lock in self.locks.get(run_id, ())
+                if lock.conflicts(wanted) and (owner is None or lock.owner is not owner)]
 
-    def _acquire(self, what: str, row: Mapping[str, Any], wanted: str, bound: float, now: datetime) -> datetime:
-        """Wait for a row another session holds, as PostgreSQL does: until it is released (a lock given a
-        release time within the bound), else ``bound`` seconds and then 55P03. Returns the clock after."""
-        conflicting = self._locked(row["run_id"], wanted, now)
-        if not conflicting:
-            return now
-        releases = [lock.release_at for lock in conflicting]
-        if all(at is not None for at in releases):
-            free_at = max(at for at in releases if at is not None)
-            wait = (free_at - now).total_seconds()
-            if wait <= bound:
-                self._charge(wait)
-                for lock in conflicting:
-                    lock.release()
-                return self.now()
-        self._charge(bound)
-        raise blocked_error(what, bound)
+    def _acquire(self, what: str, row: Mapping[str, Any], wanted: str, bound: float, now: datetime,
+                 owner: InMemoryBatch | None = None) -> datetime:
+        """Wait for a row another session holds, as PostgreSQL does: until it is released, at most ``bound``
+        seconds, then 55P03. Returns the clock after the wait.
+
+        The wait is charged through ``elapse`` in slices (at most a quarter of the bound, or up to the
+        locks' known release), re-checking the locks after each: an ``elapse`` that lets other actors run
+        (the simulator's) sees a lock released meanwhile within a slice of its release. Without a clock
+        that moves, a lock whose release time comes within the bound counts as released, any other fails
+        the statement at once, with ``waited_seconds`` = the bound."""
+        run_id = row["run_id"]
+        started = now
+        until = started + _seconds(bound)
+        slice_ = _seconds(bound / 4)
+        while True:
+            conflicting = self._locked(run_id, wanted, now, owner)
+            if not conflicting:
+                return now
+            if now >= until:
+                raise blocked_error(what, (now - started).total_seconds())
+            releases = [lock.release_at for lock in conflicting]
+            known = None if any(at is None for at in releases) else max(at for at in releases if at is not None)
+            wake = min(until, now + slice_, known) if known is not None else min(until, now + slice_)
+            self._charge((wake - now).total_seconds())
+            after = self.now()
+            if after <= now:  # the clock does not move: decide at once
+                if known is not None and known <= until:
+                    for lock in conflicting:
+                        lock.release()
+                    return now
+                raise blocked_error(what, bound)
+            now = after
 
     def _charge(self, seconds: float) -> None:
         if self.elapse is not None and seconds > 0:
@@ -288,6 +353,13 @@ class MemoryDatabase:
             state = "stale"
         return RunnerRow(**row, state=state)
 
+    def digest(self) -> str:
+        """A fingerprint of the whole world (every run, runner, committed batch), in insertion order: two
+        histories that end in the same state give the same digest (the simulator's "same seed, same
+        history" check)."""
+        state = (list(self.runs.values()), list(self.runners.values()), self.committed_batches)
+        return hashlib.sha256(repr(state).encode()).hexdigest()
+
     def active_runs(self) -> list[WorkerRun]:
         """Every QUEUED or RUNNING row (the slot index's content), for the simulator's invariants."""
         return [WorkerRun(**row) for row in self._slot.values()]
@@ -313,6 +385,7 @@ class MemoryDatabase:
         row.update(values)
         self.runs[row_id] = row
         self.by_run_id[row["run_id"]] = row
+        self.by_text[str(row["run_id"])] = row
         self._slot[worker] = row
         if row["status"] == "RUNNING":
             self._running_by_runner.setdefault(row["runner_id"], {})[row["run_id"]] = row
@@ -347,6 +420,31 @@ class MemoryDatabase:
         return sorted(rows, key=lambda r: (r["queued_at"], r["id"]))
 
 
+class _Unfaulted:
+    """A statement with no faults hook: nothing before, nothing after (the simulator's hot path)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_UNFAULTED = _Unfaulted()
+
+
+class _Faulted:
+    def __init__(self, session: InMemoryLedger, faults: StatementFaults, what: str) -> None:
+        self.session, self.faults, self.what = session, faults, what
+
+    def __enter__(self) -> None:
+        self.faults.before(self.session, self.what)
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.faults.after(self.session, self.what)
+
+
 class StatementFaults(Protocol):
     """The simulator's hook on one session: ``before`` may raise (the statement never reached the server:
     a refused connection, a partition; or it may charge time: a slow statement), ``after`` may raise once
@@ -361,48 +459,110 @@ class StatementFaults(Protocol):
 
 
 class InMemoryBatch:
-    """A child's batch on the in-memory ledger (``BatchTransaction``)."""
+    """A child's batch on the in-memory ledger (``BatchTransaction``): one transaction of its session.
+
+    As in PostgreSQL, the transaction ends with its session: ``InMemoryLedger.close`` (the child died, its
+    connection closed) rolls it back, ``MemoryDatabase.restart`` breaks it (its next statement fails
+    ``unreachable``), and a session's ``idle_in_transaction_s`` ends it once it has been idle that long
+    (decision 0101: its next statement fails ``blocked``, SQLSTATE 25P03). Row locks it takes
+    (``lock_row``) last as long as it does, and never block its own statements."""
 
     def __init__(self, session: InMemoryLedger, run_id: uuid.UUID, runner_id: uuid.UUID) -> None:
         self.session, self.run_id, self.runner_id = session, run_id, runner_id
         self.fenced = False
         self.open = True
-        self.payload: Any = None  # what the batch wrote, kept with it at COMMIT
+        self.payload: list[Any] = []  # what the batch wrote, kept with it at COMMIT
+        self.locks: list[RowLock] = []
+        self._generation = session.db.generation
+        self._last_active = session.db.now()
+        session.batches.append(self)
+
+    @property
+    def idle_deadline(self) -> datetime | None:
+        """When the server ends this transaction if it stays idle (None: never)."""
+        idle = self.session.idle_in_transaction_s
+        return None if idle is None else self._last_active + _seconds(idle)
 
     def register_fence(self) -> bool:
         """The INSERT ... WHERE EXISTS (held by me, RUNNING, lease_expires_at > clock_timestamp())."""
         with self.session._statement("register_batch_fence"):
-            self._require_open()
-            if self._held(self.session.db.now()) is None:
+            now = self._active("register_batch_fence")
+            if self._held(now) is None:
                 return False
             self.fenced = True
             return True
+
+    def write(self, payload: Any = None) -> None:
+        """One of the batch's own writes (the worker's rows): kept with the batch if it commits."""
+        with self.session._statement("write"):
+            self._active("write")
+            self.payload.append(payload)
+
+    def lock_row(self, mode: str = UPDATE) -> RowLock:
+        """``SELECT ... FOR UPDATE`` / ``FOR SHARE`` of the run's row inside this transaction, held until it
+        ends (what the batch fence did before migration 0008: a simulator's mutant uses it)."""
+        with self.session._statement("lock_row"):
+            self._active("lock_row")
+            lock = self.session.db.lock_row(self.run_id, mode, owner=self)
+            self.locks.append(lock)
+            return lock
 
     def commit(self) -> None:
         """The deferred trigger of migration 0008: FOR SHARE on the run's row (its own 2 s lock_timeout),
         then RUNNING, held by this runner, lease_expires_at > clock_timestamp(); else SF001."""
         with self.session._statement("commit"):
-            self._require_open()
-            self.open = False
-            if not self.fenced:
-                return  # a transaction that registered no fence: nothing checks it
-            db = self.session.db
-            row = db.by_run_id.get(self.run_id)
-            now = db.now()
-            if row is not None:
-                now = db._acquire("commit", row, SHARE, ledger.BATCH_FENCE_LOCK_TIMEOUT_S, now)
-            held = self._held(now)
-            if held is None:
-                status = row["status"] if row is not None else "unknown"
-                until = row["lease_expires_at"] if row is not None else None
-                raise _fence_refusal("commit", f"LeaseLost: run {self.run_id} is not held by runner "
-                                     f"{self.runner_id} at commit (status {status}, lease until "
-                                     f"{until if until is not None else 'none'}, now {now})")
-            db.committed_batches.append(CommittedBatch(self.run_id, self.runner_id, now,
-                                                       held["lease_expires_at"], self.payload))
+            now = self._active("commit")
+            try:
+                if self.fenced:
+                    self._check_fence(now)
+            finally:
+                self._end()
+
+    def _check_fence(self, now: datetime) -> None:
+        db = self.session.db
+        row = db.by_run_id.get(self.run_id)
+        if row is not None:
+            now = db._acquire("commit", row, SHARE, ledger.BATCH_FENCE_LOCK_TIMEOUT_S, now, owner=self)
+        held = self._held(now)
+        if held is None:
+            status = row["status"] if row is not None else "unknown"
+            until = row["lease_expires_at"] if row is not None else None
+            raise _fence_refusal("commit", f"LeaseLost: run {self.run_id} is not held by runner "
+                                 f"{self.runner_id} at commit (status {status}, lease until "
+                                 f"{until if until is not None else 'none'}, now {now})")
+        db.committed_batches.append(CommittedBatch(self.run_id, self.runner_id, now,
+                                                   held["lease_expires_at"], tuple(self.payload)))
 
     def rollback(self) -> None:
+        if self.open:
+            self._end()
+
+    def _active(self, what: str) -> datetime:
+        """The transaction is still there (else the error its next statement gets); it was active now."""
+        if not self.open:
+            raise RuntimeError("this batch's transaction is over")
+        db = self.session.db
+        now = db.now()
+        if db.generation != self._generation:
+            self._end()
+            raise unreachable_error(what, "server closed the connection unexpectedly")
+        deadline = self.idle_deadline
+        if deadline is not None and now > deadline:
+            self._end()
+            raise _wrap(what, psycopg.errors.IdleInTransactionSessionTimeout(
+                "terminating connection due to idle-in-transaction timeout"), invalidated=True)
+        self._last_active = now
+        for lock in self.locks:
+            lock.release_at = self.idle_deadline
+        return now
+
+    def _end(self) -> None:
         self.open = False
+        for lock in self.locks:
+            lock.release()
+        self.locks.clear()
+        if self in self.session.batches:
+            self.session.batches.remove(self)
 
     def _held(self, now: datetime) -> dict[str, Any] | None:
         row = self.session.db.by_run_id.get(self.run_id)
@@ -411,32 +571,35 @@ class InMemoryBatch:
             return None
         return row
 
-    def _require_open(self) -> None:
-        if not self.open:
-            raise RuntimeError("this batch's transaction is over")
-
 
 class InMemoryLedger:
     """``LedgerPort`` on a ``MemoryDatabase``: one session, with its own ``lock_timeout_s``."""
 
     def __init__(self, database: MemoryDatabase, *, lock_timeout_s: float, name: str = "session",
-                 faults: StatementFaults | None = None) -> None:
+                 faults: StatementFaults | None = None, idle_in_transaction_s: float | None = None) -> None:
         if lock_timeout_s <= 0:
             raise ValueError("every session of the protocol has a lock_timeout (a wait without a bound hangs)")
         self.db = database
         self.lock_timeout_s = float(lock_timeout_s)
+        self.idle_in_transaction_s = idle_in_transaction_s
         self.name = name
         self.faults = faults
         self.deadline: float | None = None  # the caller's bound (``bounded``), for the faults to honour
+        self.batches: list[InMemoryBatch] = []  # this session's open transactions
 
-    @contextmanager
-    def _statement(self, what: str) -> Iterator[None]:
+    def close(self) -> None:
+        """The session's connections close (its process died): its open transactions roll back, their
+        row locks go with them."""
+        for batch in list(self.batches):
+            batch.rollback()
+
+    def _statement(self, what: str) -> AbstractContextManager[None]:
+        """One statement of this session: counted, and passed by the faults hook (before; after, unless
+        it failed)."""
         self.db.statements += 1
-        if self.faults is not None:
-            self.faults.before(self, what)
-        yield
-        if self.faults is not None:
-            self.faults.after(self, what)
+        if self.faults is None:
+            return _UNFAULTED
+        return _Faulted(self, self.faults, what)
 
     @contextmanager
     def bounded(self, deadline: float | None) -> Iterator[None]:
@@ -446,9 +609,16 @@ class InMemoryLedger:
         finally:
             self.deadline = previous
 
-    def _wait_for(self, what: str, rows: Iterable[dict[str, Any]], now: datetime) -> None:
+    def _wait_for(self, what: str, rows: Iterable[dict[str, Any]], now: datetime) -> bool:
+        """Lock ``rows`` as an UPDATE does (waiting on other sessions, each within ``lock_timeout_s``).
+        True when the clock moved meanwhile: then, as PostgreSQL re-checks a row it waited for against the
+        statement's WHERE, the caller looks at the rows again (another actor may have changed them)."""
+        if not self.db.locks:
+            return False  # no other session holds anything (the usual case)
+        after = now
         for row in rows:
-            self.db._acquire(what, row, UPDATE, self.lock_timeout_s, now)
+            after = self.db._acquire(what, row, UPDATE, self.lock_timeout_s, after)
+        return after != now
 
     # --- the queue ------------------------------------------------------------------------------------
 
@@ -537,7 +707,8 @@ class InMemoryLedger:
             row = self._held_row(run_id, runner_id)
             if row is None:
                 return False
-            self._wait_for("record_start", [row], now)
+            if self._wait_for("record_start", [row], now) and self._held_row(run_id, runner_id) is None:
+                return False
             row.update(engine_name=engine_name, preset=preset, config=_jsonb(config), options=_jsonb(options))
             return True
 
@@ -553,20 +724,23 @@ class InMemoryLedger:
             db = self.db
             now = db.now()
             rows = list(db._running_by_runner.get(runner_id, {}).values())
-            self._wait_for("heartbeat", rows, now)
+            if self._wait_for("heartbeat", rows, now):
+                rows = [r for r in rows if r["status"] == "RUNNING" and r["runner_id"] == runner_id]
             until = now + _seconds(lease_seconds)
             registry = db.runners.get(runner_id)
             if registry is not None:
                 registry["last_heartbeat_at"] = now
                 if children is not None:
                     registry["children"] = _jsonb(children)
-            beat_progress = _jsonb({str(k): v for k, v in progress.items()}) if progress else {}
             held: dict[uuid.UUID, datetime | None] = {}
             for row in rows:
                 row["heartbeat_at"], row["lease_expires_at"] = now, until
-                if str(row["run_id"]) in beat_progress:
-                    row["progress"] = beat_progress[str(row["run_id"])]
                 held[row["run_id"]] = row["cancel_requested_at"]
+            if progress:  # COALESCE(:progress -> r.run_id::text, r.progress): the key's text names the row
+                for key, value in _jsonb({str(k): v for k, v in progress.items()}).items():
+                    named = db.by_text.get(key)
+                    if named is not None and named["run_id"] in held:
+                        named["progress"] = value
             return HeartbeatResult(
                 registry_renewed=registry is not None, held=held,
                 drain_requested_at=registry["drain_requested_at"] if registry is not None else None,
@@ -580,10 +754,13 @@ class InMemoryLedger:
             now = self.db.now()
             changes = []
             for key, value in _jsonb({str(k): v for k, v in progress.items()}).items():
-                row = self._held_row(uuid.UUID(key), runner_id)
+                found = self.db.by_text.get(key)
+                row = self._held_row(found["run_id"], runner_id) if found is not None else None
                 if row is not None and row["progress"] != value:
                     changes.append((row, value))
-            self._wait_for("record_progress", [row for row, _ in changes], now)
+            if self._wait_for("record_progress", [row for row, _ in changes], now):
+                changes = [(row, value) for row, value in changes
+                           if self._held_row(row["run_id"], runner_id) is not None and row["progress"] != value]
             for row, value in changes:
                 row["progress"] = value
             return len(changes)
@@ -608,7 +785,8 @@ class InMemoryLedger:
             row = self._held_row(run_id, runner_id)
             if row is None:
                 return None
-            self._wait_for("finish", [row], now)
+            if self._wait_for("finish", [row], now) and self._held_row(run_id, runner_id) is None:
+                return None
             error = None if error is None else error[:ERROR_MAX]
             row.update(status=status, finished_at=now, duration_ms=_duration_ms(now, row["started_at"]),
                        error=error, error_fingerprint=error_fingerprint(error), exit_code=exit_code,
@@ -645,7 +823,8 @@ class InMemoryLedger:
                 raise RunNotFound(run_id)
             if row["status"] not in _ACTIVE:
                 raise RunAlreadyFinished(WorkerRun(**row))
-            self._wait_for("request_cancel", [row], now)
+            if self._wait_for("request_cancel", [row], now) and row["status"] not in _ACTIVE:
+                raise RunAlreadyFinished(WorkerRun(**row))
             if row["cancel_requested_at"] is None:
                 row["cancel_requested_at"] = now
             if row["cancel_requested_by"] is None:
@@ -688,7 +867,7 @@ class InMemoryLedger:
             row: dict[str, Any] = dict.fromkeys(_RUNNER_FIELDS)
             row.update({f.name: getattr(registration, f.name) for f in fields(RunnerRegistration)})
             row.update(capabilities=list(registration.capabilities), devices=_jsonb(registration.devices),
-                       children=[], started_at=now, last_heartbeat_at=now)
+                       sees=_jsonb(registration.sees), children=[], started_at=now, last_heartbeat_at=now)
             db.runners[registration.runner_id] = row
 
     def stop(self, runner_id: uuid.UUID) -> bool:

@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine, text
 
-from runner.ledger_port import LedgerPort
-from runner.memory_ledger import MemoryDatabase
-from runner.pg_ledger import PostgresLedger
+from runner.ledger_port import BatchTransaction, LedgerPort
+from runner.memory_ledger import InMemoryBatch, MemoryDatabase
+from runner.pg_ledger import PostgresBatch, PostgresLedger
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.domains.archive import registry, worker_settings
 from scrinalia.domains.archive.registry import RunnerRegistration, RunnerRow
@@ -52,13 +52,22 @@ class World(Protocol):
 
     def runner(self, runner_id: uuid.UUID) -> RunnerRow | None: ...
 
+    def session(self, *, lock_timeout_s: float, idle_in_transaction_s: float | None = None) -> LedgerPort:
+        """Another session on the same database (a child's, with its own bounds)."""
+        ...
+
+    def lock_in_batch(self, batch: BatchTransaction, run_id: uuid.UUID) -> None:
+        """``SELECT ... FOR UPDATE`` of the run's row inside the batch's own transaction."""
+        ...
+
 
 def registration(capabilities: list[str], *, lease: float = 60.0, heartbeat: float = 1.0,
-                 runner_id: uuid.UUID | None = None) -> RunnerRegistration:
+                 runner_id: uuid.UUID | None = None, sees: dict[str, Any] | None = None) -> RunnerRegistration:
     return RunnerRegistration(
         runner_id=runner_id or uuid.uuid4(), name="conformance", hostname=socket.gethostname(), pid=1,
         package_version="test", schema_revision=None, capabilities=capabilities, concurrency=1,
-        heartbeat_seconds=heartbeat, lease_seconds=lease,
+        heartbeat_seconds=heartbeat, lease_seconds=lease, devices=[{"index": 0, "name": "gpu"}],
+        sees=sees or {},
     )
 
 
@@ -71,11 +80,13 @@ class PostgresWorld:
             database_url, pool_size=2, max_overflow=4, connect_args={"options": f"-c lock_timeout={ms}"})
         self.others: Engine = create_engine_from_url(database_url, pool_size=2, max_overflow=4)
         self.ledger: LedgerPort = PostgresLedger(self.engine)
+        self.url = database_url
+        self._engines: list[Engine] = []
         self._started = time.monotonic()
 
     def close(self) -> None:
-        self.engine.dispose()
-        self.others.dispose()
+        for engine in (self.engine, self.others, *self._engines):
+            engine.dispose()
 
     def elapsed(self) -> float:
         return time.monotonic() - self._started
@@ -106,6 +117,19 @@ class PostgresWorld:
 
     def runner(self, runner_id: uuid.UUID) -> RunnerRow | None:
         return registry.get_runner(self.others, runner_id)
+
+    def session(self, *, lock_timeout_s: float, idle_in_transaction_s: float | None = None) -> LedgerPort:
+        options = f"-c lock_timeout={int(lock_timeout_s * 1000)}"
+        if idle_in_transaction_s is not None:
+            options += f" -c idle_in_transaction_session_timeout={int(idle_in_transaction_s * 1000)}"
+        engine = create_engine_from_url(self.url, pool_size=2, max_overflow=2, connect_args={"options": options})
+        self._engines.append(engine)
+        return PostgresLedger(engine)
+
+    def lock_in_batch(self, batch: BatchTransaction, run_id: uuid.UUID) -> None:
+        assert isinstance(batch, PostgresBatch)
+        batch.connection.execute(text("SELECT 1 FROM archive_worker_runs WHERE run_id = :r FOR UPDATE"),
+                                 {"r": run_id})
 
 
 @dataclass
@@ -152,3 +176,10 @@ class MemoryWorld:
 
     def runner(self, runner_id: uuid.UUID) -> RunnerRow | None:
         return self.database.runner(runner_id)
+
+    def session(self, *, lock_timeout_s: float, idle_in_transaction_s: float | None = None) -> LedgerPort:
+        return self.database.session(lock_timeout_s=lock_timeout_s, idle_in_transaction_s=idle_in_transaction_s)
+
+    def lock_in_batch(self, batch: BatchTransaction, run_id: uuid.UUID) -> None:
+        assert isinstance(batch, InMemoryBatch) and batch.run_id == run_id
+        batch.lock_row()

@@ -297,6 +297,10 @@ def test_finish_keeps_progress_metrics_and_result_it_is_not_given(world: World) 
     done = world.ledger.finish(run.run_id, runner_id, "SUCCESS")
     assert done is not None and done.progress == {"done": 3} and done.metrics is None and done.error is None
     assert done.error_fingerprint is None
+    second, other = _claimed(world, "v")
+    failed = world.ledger.finish(second.run_id, other, "FAILED",
+                                 error="  OSError:\tno   such file '/var/x/y.bin' (errno 2)\nmore")
+    assert failed is not None and failed.error_fingerprint == "oserror: no such file '<path>' (errno <n>)"
 
 
 # --- leases and their expiry, on the database clock --------------------------------------------------------
@@ -331,6 +335,21 @@ def test_a_heartbeat_keeps_the_lease_from_expiring(world: World) -> None:
         assert world.ledger.heartbeat(runner_id, SHORT_LEASE).held == {run.run_id: None}
         assert world.ledger.expire_leases() == []
     assert world.elapsed() > SHORT_LEASE
+
+
+def test_a_lapsed_lease_is_still_held_until_someone_expires_it(world: World) -> None:
+    """The fence of the row statements is runner_id and status, not the lease: between the lease's end
+    and the next expiry, the holder's heartbeat renews it and its finish closes it (only the batch fence
+    reads the clock)."""
+    run, runner_id = _claimed(world, lease=SHORT_LEASE)
+    world.wait(SHORT_LEASE + 0.1)
+    beat = world.ledger.heartbeat(runner_id, 60)
+    assert beat.held == {run.run_id: None}
+    assert world.ledger.expire_leases() == []
+    second, other = _claimed(world, "v", lease=SHORT_LEASE)
+    world.wait(SHORT_LEASE + 0.1)
+    done = world.ledger.finish(second.run_id, other, "SUCCESS")
+    assert done is not None and done.status == "SUCCESS"
 
 
 def test_expiry_skips_a_row_another_session_holds_locked(world: World) -> None:
@@ -393,10 +412,12 @@ def test_cancel_flags_a_running_run_and_the_heartbeat_hands_it_over(world: World
 
 
 def test_register_and_stop(world: World) -> None:
-    reg = registration(["w"], lease=30, heartbeat=5)
+    reg = registration(["w"], lease=30, heartbeat=5, sees={"model_dirs": ["/models"], "model_roots": []})
     world.ledger.register(reg)
     seen = world.runner(reg.runner_id)
     assert seen is not None and (seen.state, seen.capabilities, seen.lease_seconds) == ("online", ["w"], 30)
+    assert seen.sees == {"model_dirs": ["/models"], "model_roots": []}
+    assert seen.devices == [{"index": 0, "name": "gpu"}]
     assert seen.started_at == seen.last_heartbeat_at and seen.children == []
     with pytest.raises(IntegrityError):
         world.ledger.register(reg)  # the same runner id twice
@@ -558,3 +579,41 @@ def test_a_lock_on_someone_elses_row_does_not_block_my_heartbeat(world: World) -
     with world.lock_row(theirs.run_id, "update"):
         assert world.ledger.heartbeat(runner_id, 60).held == {mine.run_id: None}
         assert world.ledger.finish(mine.run_id, runner_id, "SUCCESS") is not None
+
+
+# --- a batch's own transaction: its locks, its session's bounds ----------------------------------------------
+
+
+def test_a_batchs_own_row_lock_blocks_its_runners_heartbeat_not_its_commit(world: World) -> None:
+    """What the batch fence did before migration 0008 (FOR UPDATE held to COMMIT): the heartbeat of the
+    child's own runner waits on it and fails blocked; the batch's own COMMIT check does not."""
+    run, runner_id = _claimed(world)
+    child = world.session(lock_timeout_s=LOCK_TIMEOUT_S)
+    batch = child.begin_batch(run.run_id, runner_id)
+    assert batch.register_fence() is True
+    world.lock_in_batch(batch, run.run_id)
+    with pytest.raises(DBAPIError) as stuck:
+        world.ledger.heartbeat(runner_id, 60)
+    _blocked(stuck)
+    batch.commit()
+    assert world.ledger.heartbeat(runner_id, 60).held == {run.run_id: None}
+
+
+def test_an_idle_batch_loses_its_transaction_and_its_locks(world: World) -> None:
+    """A child frozen mid-batch: its session's idle_in_transaction_session_timeout ends the transaction,
+    the runner's heartbeat waiting on its row lock goes through, and the late COMMIT fails."""
+    run, runner_id = _claimed(world)
+    child = world.session(lock_timeout_s=LOCK_TIMEOUT_S, idle_in_transaction_s=0.1)
+    runner = world.session(lock_timeout_s=2.0)
+    batch = child.begin_batch(run.run_id, runner_id)
+    assert batch.register_fence() is True
+    world.lock_in_batch(batch, run.run_id)
+    started = world.elapsed()
+    assert runner.heartbeat(runner_id, 60).held == {run.run_id: None}
+    assert world.elapsed() - started >= 0.1 - 0.02
+    world.wait(0.05)
+    with pytest.raises(DBAPIError) as gone:
+        batch.commit()
+    assert getattr(gone.value.orig, "sqlstate", None) == "25P03"  # idle_in_transaction_session_timeout
+    assert classify_database_error(gone.value) == "blocked"
+    assert not ledger.is_batch_fence_refusal(gone.value)

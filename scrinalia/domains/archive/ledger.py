@@ -254,7 +254,7 @@ _ENQUEUE_RETRIES = text(
      WHERE last.trigger = 'SCHEDULE'
        AND last.status IN ('FAILED', 'INTERRUPTED')
        AND last.exit_reason IS DISTINCT FROM 'configuration'
-       AND last.attempt < :max_attempts
+       AND last.attempt < :attempt_limit
     ON CONFLICT (worker_name) WHERE status IN ('QUEUED', 'RUNNING') DO NOTHING
     RETURNING run_id, worker_name, attempt, retry_of
     """
@@ -273,7 +273,7 @@ def enqueue_retries(
     engine: Engine, *, max_attempts: int, base_delay_s: float, cap_s: float, jitter: float
 ) -> list[EnqueuedRetry]:
     """The retries the policy's numbers call for, in one statement (docs/operations.md, "Retry policy")."""
-    params = {"cap_s": cap_s, "base_s": base_delay_s, "jitter": jitter, "max_attempts": max_attempts}
+    params = {"cap_s": cap_s, "base_s": base_delay_s, "jitter": jitter, "attempt_limit": max_attempts}
     with engine.begin() as conn:
         return [EnqueuedRetry(**r._mapping) for r in conn.execute(_ENQUEUE_RETRIES, params).all()]
 
