@@ -154,7 +154,7 @@ class SimChild:
                 if not batch.register_fence():
                     batch.rollback()
                     return {"status": None, "lease_lost": True, "error": "LeaseLost: the lease was gone at the batch"}
-                batch.payload = (self.pid, index)
+                batch.write((self.pid, index))
                 self.world.sleep(self.plan.write)  # the batch's writes, inside its transaction
                 if self.plan.freeze_at == index:
                     self.world.freeze(self.actor, self.world.now + self.plan.freeze)  # type: ignore[arg-type]
