@@ -2,22 +2,19 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
 
-import migrations
+from scrinalia.bundled import migrations_dir
 from scrinalia.settings import DatabaseUrl
-
-MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
 
 def alembic_config(url: DatabaseUrl | str | None = None) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("script_location", str(migrations_dir()))
     if url is not None:
         # Passed through attributes, not the ini option, so '%' in a password needs no escaping.
         config.attributes["database_url"] = url
