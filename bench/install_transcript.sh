@@ -19,6 +19,8 @@
 # the units, the cluster, the files in /root, the db.internal line of /etc/hosts.
 #
 #   sudo bash bench/install_transcript.sh            (about ten minutes; the log: $WORK/transcript.log)
+#   GUIDE_KEEP=1 ...     leave everything in place to look at (then: bash bench/install_transcript.sh --cleanup)
+#   GUIDE_CHECKOUT=DIR   build from this existing clone instead of a fresh one (a second try, faster)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,17 +30,11 @@ SHIM="$REPO/bench/systemctl_shim.py"
 export SHIM_STATE_DIR=/run/scrinalia-guide-shim SHIM_PG_CLUSTER="15-guide"
 
 [ "$(id -u)" = 0 ] || { echo "run it as root" >&2; exit 2; }
-for taken in /opt/scrinalia /etc/scrinalia /etc/postgresql/15/guide; do
-  [ ! -e "$taken" ] || { echo "$taken exists: this is not a throwaway machine, or a run did not clean up" >&2; exit 2; }
-done
-! id scrinalia >/dev/null 2>&1 || { echo "the user scrinalia exists" >&2; exit 2; }
-# The unit's API listens on 127.0.0.1:8000: someone else's API there would answer the guide's checks.
-! ss -ltn | grep -qE "[:.](8000|$PORT) " || { echo "port 8000 or $PORT is taken on this machine" >&2; exit 2; }
-
 cleanup() {
   set +e
   python3 "$SHIM" stop-all
   pg_dropcluster --stop 15 guide 2>/dev/null
+  rm -rf /etc/postgresql/15/guide   # what the guide added there (certificate, conf.d) outlives the cluster
   userdel scrinalia 2>/dev/null
   rm -rf /opt/scrinalia /etc/scrinalia /etc/systemd/system/scrinalia-*.service /var/lib/scrinalia \
          /var/cache/scrinalia-runner /run/scrinalia-runner "$SHIM_STATE_DIR" /root/scrinalia-ca \
@@ -46,7 +42,19 @@ cleanup() {
          /root/scrinalia_runner-*.whl /root/scrinalia-*.dump
   sed -i '/ db.internal$/d' /etc/hosts
 }
-trap cleanup EXIT
+if [ "${1:-}" = "--cleanup" ]; then cleanup; exit 0; fi
+for taken in /opt/scrinalia /etc/scrinalia /etc/postgresql/15/guide; do
+  [ ! -e "$taken" ] || { echo "$taken exists: this is not a throwaway machine, or a run did not clean up" >&2; exit 2; }
+done
+! id scrinalia >/dev/null 2>&1 || { echo "the user scrinalia exists" >&2; exit 2; }
+# The unit's API listens on 127.0.0.1:8000: someone else's API there would answer the guide's checks.
+! ss -ltn | grep -qE "[:.](8000|$PORT) " || { echo "port 8000 or $PORT is taken on this machine" >&2; exit 2; }
+
+keep_logs() {
+  cp -r "$SHIM_STATE_DIR" "$WORK/services" 2>/dev/null
+  [ -n "${GUIDE_KEEP:-}" ] || cleanup
+}
+trap keep_logs EXIT
 
 # The guide's blocks, in order, each headed by its host and run where that host's shell would be.
 python3 - "$REPO/docs/install.md" "$PORT" > "$WORK/guide.sh" <<'PY'
@@ -76,13 +84,16 @@ export -f systemctl journalctl scp
 
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin   # a root shell's, not a venv's
 export PIP_CONSTRAINT="$REPO/constraints-cpu.txt" PIP_DISABLE_PIP_VERSION_CHECK=1
-BUILD_DIR="$WORK/checkout"
-git clone -q "$REPO" "$BUILD_DIR"
+BUILD_DIR=${GUIDE_CHECKOUT:-$WORK/checkout}
+[ -n "${GUIDE_CHECKOUT:-}" ] || git clone -q "$REPO" "$BUILD_DIR"
 pg_createcluster 15 guide -p "$PORT" >/dev/null   # what apt-get install postgresql does on a fresh VPS
 pg_ctlcluster 15 guide start
 
 started=$(date +%s)
-( set -x; BUILD_DIR="$BUILD_DIR"; . "$WORK/guide.sh" ) 2>&1 | tee "$WORK/transcript.log"
+set +e
+( set -ex; . "$WORK/guide.sh" ) 2>&1 | tee "$WORK/transcript.log"
 status=${PIPESTATUS[0]}
-echo "the guide took $(( $(date +%s) - started )) s; exit $status; transcript: $WORK/transcript.log, script: $WORK/guide.sh"
+set -e
+echo "the guide took $(( $(date +%s) - started )) s; exit $status; transcript: $WORK/transcript.log," \
+     "its script: $WORK/guide.sh, the services' logs: $WORK/services/"
 exit "$status"
