@@ -71,18 +71,18 @@ def daemon_catalogue(options: RunnerOptions) -> tuple[Any, list[str]]:
 
 def daemon_engine(url: Any, options: RunnerOptions, settings: Any) -> tuple[Any, str | None, int]:
     """The supervisor's engine and the schema's revision, checked against the bundled head; (None, None,
-    exit code) when the schema is behind or the database does not answer."""
+    exit code) when the schema is behind or ahead of this runner, or the database does not answer."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from runner.database import SchemaBehind, check_schema, parent_engine
+    from runner.database import SchemaMismatch, check_schema, parent_engine
     from scrinalia.db.errors import database_problem
 
     engine = parent_engine(url, options, settings)
     try:
         return engine, check_schema(engine), 0
-    except SchemaBehind as exc:
+    except SchemaMismatch as exc:  # behind: exit 4 (migrate first); ahead: exit 7 (upgrade this runner)
         log.error("%s", exc)
-        code = opts.EXIT_SCHEMA_BEHIND
+        code = exc.exit_code
     except SQLAlchemyError as exc:
         log.error("%s", database_problem(exc))
         code = opts.EXIT_DATABASE
@@ -135,6 +135,7 @@ def serve_daemon(options: RunnerOptions, settings: Any, url: Any, database: tupl
     from runner.sdnotify import Notifier
     from runner.supervisor import Supervisor
     from scrinalia.db.errors import database_problem
+    from scrinalia.domains.archive.model_dirs import seen_model_dirs
 
     engine, revision = database
     gpu = GpuProbe()
@@ -154,7 +155,8 @@ def serve_daemon(options: RunnerOptions, settings: Any, url: Any, database: tupl
         launcher=launcher, mode="daemon", notifier=Notifier(), gpu=gpu, devices=planner, control=control,
         registration=registration(options, capabilities, kind="daemon",
                                   schema_revision=revision,
-                                  devices=planner.registry_devices(nvml_devices)),
+                                  devices=planner.registry_devices(nvml_devices),
+                                  sees=seen_model_dirs(catalogue, capabilities, engine)),
         wakeup=_wakeup(options, engine, capabilities, settings), catalogue=catalogue,
     )
     try:

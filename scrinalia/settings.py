@@ -91,11 +91,18 @@ class DatabaseTls(BaseSettings):
     db_sslmode: SSLMode = "prefer"
     db_sslrootcert: Path | None = None
 
+    @field_validator("db_sslrootcert", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """``DB_SSLROOTCERT=`` (an empty line of an env file) means "not set", not the current directory."""
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("db_sslrootcert")
     @classmethod
     def _cert_exists(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
-            raise ValueError(f"DB_SSLROOTCERT {value} is not a readable file")
+            raise ValueError(f"DB_SSLROOTCERT={str(value)!r} is not a readable file (a PEM file of the CA that "
+                             "signed the server's certificate; leave it empty or unset for libpq's default)")
         return value
 
 

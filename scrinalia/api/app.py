@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from scrinalia import bundled
 from scrinalia.api import catalogue_view, errors
 from scrinalia.api.context import AppContext
-from scrinalia.api.middleware import SecurityHeaders, trusted_proxies
+from scrinalia.api.middleware import BoundedJsonBodies, SecurityHeaders, trusted_proxies
 from scrinalia.api.routers import auth, events, health, runners, runs, schedules, workers
 from scrinalia.api.schemas import storable_inputs
 from scrinalia.api.security import system_guard
@@ -74,6 +74,7 @@ def create_app(
         context.events.install_shutdown_hook()  # open event streams must not hold up a shutdown
         yield
         await context.events.close()
+        await context.stream_sessions.close()
         if context.owns_engine:
             context.engine.dispose()
 
@@ -113,12 +114,13 @@ def create_app(
 
 
 def _wrap_every_answer(app: FastAPI, proxy_networks: list[str]) -> None:
-    """The forwarded-header rewrite (trusted proxies only) and the security headers around Starlette's
-    whole stack, its own 500 answer included (``add_middleware`` would sit inside that one)."""
+    """The forwarded-header rewrite (trusted proxies only), the security headers and the bounded JSON
+    bodies around Starlette's whole stack, its own 500 answer included (``add_middleware`` would sit
+    inside that one)."""
     build = app.build_middleware_stack
 
     def build_wrapped():
-        return trusted_proxies(SecurityHeaders(build()), proxy_networks)
+        return trusted_proxies(SecurityHeaders(BoundedJsonBodies(build())), proxy_networks)
 
     app.build_middleware_stack = build_wrapped  # type: ignore[method-assign]  # wraps Starlette's own stack
 

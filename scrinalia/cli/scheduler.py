@@ -1,13 +1,16 @@
 """``scrinalia scheduler``: run the scheduler process, and manage schedules."""
 from __future__ import annotations
 
-import json
 import logging
+import signal
+import threading
 
 import click
 
 from scrinalia.db.engine import app_engine
 from scrinalia.settings import get_settings
+
+log = logging.getLogger("scrinalia.scheduler")
 
 
 def _engine():
@@ -24,11 +27,37 @@ def command() -> None:
 @command.command("run")
 @click.option("--interval", default=5.0, show_default=True, help="Seconds between ticks.")
 def run(interval: float) -> None:
-    """Run the scheduler until SIGTERM/SIGINT."""
+    """Run the scheduler until SIGTERM/SIGINT.
+
+    Refuses to start on a schema that is not its bundled head: exit 4 when it is behind (migrate first),
+    7 when a newer release migrated it (upgrade this scheduler)."""
     from scrinalia.scheduler.service import Scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    Scheduler(_engine()).serve(interval)
+    engine = _engine()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if _schema_checked(engine, interval, stop):
+        Scheduler(engine).serve(interval, stop)
+
+
+def _schema_checked(engine, interval: float, stop: threading.Event) -> bool:
+    """Whether the schema is the bundled head (exits 4 or 7 when it is not). A database that does not
+    answer yet is waited for, one line per try, as the ticks do: the service outlasts an outage, and
+    only the schema's answer can stop it. False: stopped (SIGTERM) before the database answered."""
+    from scrinalia.cli.schema import require_head_or_exit
+    from scrinalia.db.errors import database_errors, database_problem
+
+    while not stop.is_set():
+        try:
+            require_head_or_exit(engine, "scheduler")
+            return True
+        except database_errors() as exc:
+            log.warning("scheduler start: the schema cannot be checked: %s; retrying in %.0f s",
+                        database_problem(exc), interval)
+        stop.wait(interval)
+    return False
 
 
 @command.command("add")
@@ -42,14 +71,15 @@ def add(worker: str, every: int, request_json: str, created_by: str | None) -> N
     Exit 2, writing nothing, for an unknown worker, option, engine or preset, an out-of-range value, a
     missing required option (a model directory), or a worker that already has a schedule.
     """
+    from scrinalia import bounded_json
     from scrinalia.domains.archive.errors import InvalidRunRequest
     from scrinalia.domains.archive.workers.plugins import load_catalogue
     from scrinalia.scheduler.schedules import ScheduleExists, create_schedule
 
     try:
-        request = json.loads(request_json)
-    except json.JSONDecodeError as exc:
-        raise click.UsageError(f"--request is not JSON: {exc}") from None
+        request = bounded_json.loads(request_json)
+    except bounded_json.JsonRefused as exc:
+        raise click.UsageError(f"--request {exc.message}") from None
     try:
         schedule = create_schedule(_engine(), worker, every, request, catalogue=load_catalogue(),
                                    created_by=created_by)

@@ -75,5 +75,7 @@ def metrics(
             raise unauthenticated()
         if principal.user.role != OPERATE_ROLE or principal.user.must_change_password:
             raise forbidden("the metrics need the scrape token (API_METRICS_TOKEN) or an ADMIN session")
-    return PlainTextResponse(views.metrics_text(c.engine, c.catalogue, c.counts),
+    from scrinalia.api.metrics import exposition
+
+    return PlainTextResponse(views.metrics_text(c.engine, c.catalogue, c.counts) + exposition(),
                              media_type="text/plain; version=0.0.4; charset=utf-8")

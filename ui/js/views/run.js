@@ -42,6 +42,12 @@ export function mount(main, route, ctx) {
         replace(body, h('h1', 'Run not found'), h('p', `No run has the id ${runId}.`), h('a', { href: '#/runs' }, 'All runs'));
         return 'idle';
       }
+      if (err.status === 409 && Array.isArray(err.body?.run_ids)) {
+        // A short id that several runs share: let the person pick.
+        replace(body, h('h1', `Several runs match ${runId}`),
+          h('ul', err.body.run_ids.map((id) => h('li', h('a.mono', { href: `#/runs/${id}` }, id)))));
+        return 'idle';
+      }
       throw err;
     }
     const run = data?.run && typeof data.run === 'object' ? { ...data.run, ...data } : data;

@@ -7,7 +7,7 @@ import { h, replace, announce, dl } from '../dom.js';
 import * as api from '../api.js';
 import { field, showErrors } from '../forms.js';
 import { optionFields, readOptions } from '../options.js';
-import { timeEl, duration, number, shortId } from '../format.js';
+import { timeEl, duration, number, shortId, plural } from '../format.js';
 import {
   items, normaliseWorker, workerState, STATE_LABEL, statusBadge, progressOf, etaText,
   queuedReasonText, activityOf, setupLabel,
@@ -55,7 +55,7 @@ export function mount(main, _route, ctx) {
     if (!workers.length) replace(grid, h('p.card.empty', 'No worker is installed.'));
     const running = workers.filter((w) => w.active?.status === 'RUNNING').length;
     const queued = workers.filter((w) => w.active?.status === 'QUEUED').length;
-    summary.textContent = `${workers.length} workers · ${running} running · ${queued} queued`;
+    summary.textContent = `${plural(workers.length, 'worker')} · ${running} running · ${queued} queued`;
     return activityOf(workers.map((w) => w.active?.status).filter(Boolean));
   }
 
