@@ -118,6 +118,9 @@ class Settings(DatabaseTls):
     db_pool_size: int = Field(default=5, ge=1, le=100)
     db_pool_max_overflow: int = Field(default=10, ge=0, le=200)
     db_pool_timeout: float = Field(default=30.0, gt=0, le=600)
+    run_samples_retention_days: int = Field(
+        default=14, ge=1, le=3650,
+        description="Days a run's chart samples are kept (the scheduler prunes older ones)")
 
     @field_validator("database_url", "runner_database_url")
     @classmethod

@@ -24,7 +24,7 @@ from scrinalia import bundled
 from scrinalia.api import catalogue_view, errors
 from scrinalia.api.context import AppContext
 from scrinalia.api.middleware import BoundedJsonBodies, SecurityHeaders, trusted_proxies
-from scrinalia.api.routers import auth, events, health, runners, runs, schedules, workers
+from scrinalia.api.routers import auth, charts, events, health, runners, runs, schedules, workers
 from scrinalia.api.schemas import storable_inputs
 from scrinalia.api.security import system_guard
 from scrinalia.api.settings import ApiSettings, load_api_settings
@@ -45,6 +45,7 @@ def system_router() -> APIRouter:
     router.include_router(runners.router)
     router.include_router(schedules.router)
     router.include_router(events.router)
+    router.include_router(charts.router)
     return router
 
 

@@ -39,7 +39,7 @@ def run(interval: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if _schema_checked(engine, interval, stop):
-        Scheduler(engine).serve(interval, stop)
+        Scheduler(engine, samples_retention_days=get_settings().run_samples_retention_days).serve(interval, stop)
 
 
 def _schema_checked(engine, interval: float, stop: threading.Event) -> bool:

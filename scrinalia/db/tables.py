@@ -295,6 +295,26 @@ archive_worker_runs = Table(
           postgresql_where=text("error_fingerprint IS NOT NULL")),
     # The failures screen: errors of the last N days (GET /system/failures).
     Index("ix_worker_runs_failures", "finished_at", postgresql_where=text("error_fingerprint IS NOT NULL")),
+    # The panel's trend charts (migration 0015): runs per hour and durations per worker, slots busy per
+    # runner. Finished rows only, so an enqueue or a claim adds no entry.
+    Index("ix_worker_runs_worker_finished", "worker_name", "finished_at",
+          postgresql_include=["status", "duration_ms"], postgresql_where=text("finished_at IS NOT NULL")),
+    Index("ix_worker_runs_runner_finished", "runner_id", "finished_at", postgresql_include=["started_at"],
+          postgresql_where=text("finished_at IS NOT NULL AND runner_id IS NOT NULL")),
+)
+
+# A run's chart over its life (migration 0015, decision 0160): filled by triggers on the run row's
+# progress and on the registry's children snapshot; pruned by the scheduler after the retention.
+archive_worker_run_samples = Table(
+    "archive_worker_run_samples",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), nullable=False),
+    Column("at", TS, nullable=False, server_default=func.now()),
+    Column("done", BigInteger),
+    Column("total", BigInteger),
+    Column("rss_bytes", BigInteger),
+    Column("gpu_bytes", BigInteger),
+    Index("ix_run_samples_run_at", "run_id", "at"),
 )
 
 # --- the archive -----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import psycopg
 from sqlalchemy import Engine
 
 from scrinalia.db.errors import database_errors, database_problem
-from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive import charts, ledger
 from scrinalia.domains.archive.workers.validation import Catalogue
 from scrinalia.scheduler.retry import Retry, retry_failed_scheduled_runs
 from scrinalia.scheduler.schedules import TickOutcome, fire_due_schedules
@@ -41,18 +41,22 @@ class TickReport:
     fired: list[TickOutcome] = field(default_factory=list)
     retries: list[Retry] = field(default_factory=list)
     expired: int = 0
+    pruned_samples: int = 0
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, catalogue: Catalogue | None = None) -> None:
+    def __init__(self, engine: Engine, catalogue: Catalogue | None = None, *,
+                 samples_retention_days: int = charts.DEFAULT_SAMPLES_RETENTION_DAYS) -> None:
         """``catalogue``: the workers a tick validates against (default: the installed plugins, the
-        runners' own catalogue)."""
+        runners' own catalogue). ``samples_retention_days``: how long the runs' chart samples are kept
+        (RUN_SAMPLES_RETENTION_DAYS); each tick deletes a bounded batch of older ones."""
         if catalogue is None:
             from scrinalia.domains.archive.workers.plugins import load_catalogue
 
             catalogue = load_catalogue()
         self.engine = engine
         self.catalogue = catalogue
+        self.samples_retention_days = samples_retention_days
         self._leader_conn: psycopg.Connection | None = None
 
     def _hold_leadership(self) -> bool:
@@ -95,6 +99,7 @@ class Scheduler:
         report.expired = len(ledger.expire_leases(self.engine))
         report.retries = retry_failed_scheduled_runs(self.engine)
         report.fired = fire_due_schedules(self.engine, self.catalogue)
+        report.pruned_samples = charts.prune_samples(self.engine, self.samples_retention_days)
         for item in report.fired:
             log.info("schedule %s (%s): %s %s", item.schedule_id, item.worker_name, item.outcome, item.run_id or "")
         for retry in report.retries:

@@ -12,6 +12,7 @@ import { AUTH } from './auth.js';
 import * as loginView from './views/login.js';
 import * as passwordView from './views/password.js';
 import * as workersView from './views/workers.js';
+import * as workerView from './views/worker.js';
 import * as runsView from './views/runs.js';
 import * as runView from './views/run.js';
 import * as failuresView from './views/failures.js';
@@ -264,6 +265,7 @@ const ROUTES = [
   { re: /^runners$/, view: runnersView, nav: 'runners' },
   { re: /^schedules$/, view: schedulesView, nav: 'schedules' },
   { re: /^workers\/([^/]+)\/settings$/, view: settingsView, nav: 'workers' },
+  { re: /^workers\/([^/]+)$/, view: workerView, nav: 'workers' },
 ];
 
 let current = null;

@@ -66,8 +66,9 @@ export function mount(main, _route, ctx) {
     const form = ctx.canOperate() ? buildForm(w) : null;
     const el = h('article.card.worker', { role: 'listitem', 'aria-labelledby': titleId, dataset: { worker: w.name } },
       h('div.worker-head',
-        h('div', h('h2', { id: titleId }, w.label), h('div.name', w.name)),
+        h('div', h('h2', { id: titleId }, h('a', { href: workerHref(w.name) }, w.label)), h('div.name', w.name)),
         h('div.worker-head-side', badge,
+          h('a.small', { href: workerHref(w.name), 'aria-label': `Trend of ${w.label}` }, 'Trend'),
           h('a.small', { href: settingsHref(w.name), 'aria-label': `Settings of ${w.label}` }, 'Settings'))),
       w.description ? h('p.desc', w.description) : null,
       status,
@@ -301,6 +302,10 @@ export function mount(main, _route, ctx) {
   }
 
   return { title: 'Workers', refresh };
+}
+
+function workerHref(name) {
+  return `#/workers/${encodeURIComponent(name)}`;
 }
 
 function settingsHref(name) {
