@@ -1,13 +1,14 @@
 # Scrinalia runner: the two commands a newcomer needs.
 #   make dev   everything (embedded PostgreSQL, API + panel, a runner)
 #   make test  the linter and the type checker, then the whole test suite against a real PostgreSQL
+#   make dist  the wheel and the sdist to install from (docs/install.md)
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: dev test lint install bench clean system-deps
+.PHONY: dev test lint install bench clean system-deps dist
 
 # What `make lint` checks: every Python tree of the repository (configuration in pyproject.toml).
 LINT_PATHS = scrinalia runner migrations bench tests
@@ -48,8 +49,14 @@ test: install system-deps lint
 dev: install
 	$(VENV)/bin/scrinalia dev
 
+# The wheel and the sdist an installation is made from (docs/install.md): dist/scrinalia_runner-VERSION-py3-none-any.whl
+# and dist/scrinalia_runner-VERSION.tar.gz. The wheel carries the migrations, the panel and the unit templates.
+dist: install
+	rm -rf dist build
+	$(PY) -m build --outdir dist .
+
 bench: install
 	for script in bench/bench_*.py; do $(PY) $$script || exit 1; done
 
 clean:
-	rm -rf $(VENV) .scrinalia .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .scrinalia .pytest_cache .mypy_cache .ruff_cache dist build
