@@ -111,6 +111,10 @@ class Settings(DatabaseTls):
     db_pool_size: int = Field(default=5, ge=1, le=100)
     db_pool_max_overflow: int = Field(default=10, ge=0, le=200)
     db_pool_timeout: float = Field(default=30.0, gt=0, le=600)
+    scheduler_quarantine_after: int = Field(
+        default=3, ge=0, le=100,
+        description="Retry chains in a row that ended FAILED with one fingerprint before the scheduler "
+                    "quarantines the schedule (0: never)")
 
     @field_validator("database_url", "runner_database_url")
     @classmethod

@@ -24,11 +24,11 @@ def command() -> None:
 @command.command("run")
 @click.option("--interval", default=5.0, show_default=True, help="Seconds between ticks.")
 def run(interval: float) -> None:
-    """Run the scheduler until SIGTERM/SIGINT."""
+    """Run the scheduler until SIGTERM/SIGINT (SCHEDULER_QUARANTINE_AFTER: the crash-loop threshold)."""
     from scrinalia.scheduler.service import Scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    Scheduler(_engine()).serve(interval)
+    Scheduler(_engine(), quarantine_after=get_settings().scheduler_quarantine_after).serve(interval)
 
 
 @command.command("add")
@@ -64,10 +64,13 @@ def list_() -> None:
     from scrinalia.scheduler.schedules import list_schedules
 
     for s in list_schedules(_engine()):
-        state = "enabled" if s.enabled else "disabled"
+        state = ("quarantined" if s.quarantined else "enabled" if s.enabled else "disabled")
         click.echo(f"{s.id}\t{s.worker_name}\tevery {s.interval_seconds}s\t{state}"
                    f"\tnext {s.next_run_at:%Y-%m-%d %H:%M:%S}"
                    f"\tlast {s.last_outcome or '-'}")
+        if s.quarantined:
+            click.echo(f"\t{s.quarantine_reason}; fingerprint {s.quarantine_fingerprint!r}; "
+                       f"last run {s.quarantine_run_id}; resume: scrinalia scheduler resume {s.id}")
 
 
 def _set_enabled(schedule_id: int, enabled: bool) -> None:
@@ -101,3 +104,18 @@ def remove(schedule_id: int) -> None:
     if not delete_schedule(_engine(), schedule_id):
         raise click.UsageError(f"no schedule {schedule_id}")
     click.echo(f"schedule {schedule_id} removed")
+
+
+@command.command("resume")
+@click.argument("schedule_id", type=int)
+@click.option("--by", "by", default=None, help="Who resumes it (recorded on the schedule).")
+def resume(schedule_id: int, by: str | None) -> None:
+    """Lift the crash-loop quarantine of a schedule and enable it again (exit 2 when it is not quarantined)."""
+    from scrinalia.scheduler import quarantine
+
+    try:
+        if not quarantine.resume(_engine(), schedule_id, by=by or "cli"):
+            raise click.UsageError(f"no schedule {schedule_id}")
+    except quarantine.NotQuarantined as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"schedule {schedule_id} resumed")

@@ -119,7 +119,8 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
 #: (SECURITY DEFINER, migration 0010) when a worker's stamps fire them: the role itself needs nothing.
 NO_ACCESS = frozenset({
     "auth_users", "auth_sessions", "auth_login_throttle", "auth_devices",
-    "archive_worker_schedules", "archive_worker_setting_revisions", "archive_stamp_counts"})
+    "archive_worker_schedules", "archive_worker_setting_revisions", "archive_stamp_counts",
+    "archive_run_totals"})
 _ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")  # room for the policies' suffixes in 63 characters
 #: What the role must be; ``rolinherit`` is left alone (the role is a member of nothing).
 _ATTRIBUTES = {"rolcanlogin": ("LOGIN", True), "rolsuper": ("NOSUPERUSER", False),

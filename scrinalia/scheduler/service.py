@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from scrinalia.db.errors import database_errors, database_problem
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.workers.validation import Catalogue
+from scrinalia.scheduler.quarantine import DEFAULT_AFTER, Quarantine, quarantine_crash_loops
 from scrinalia.scheduler.retry import Retry, retry_failed_scheduled_runs
 from scrinalia.scheduler.schedules import TickOutcome, fire_due_schedules
 
@@ -40,19 +41,23 @@ class TickReport:
     leader: bool
     fired: list[TickOutcome] = field(default_factory=list)
     retries: list[Retry] = field(default_factory=list)
+    quarantined: list[Quarantine] = field(default_factory=list)
     expired: int = 0
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, catalogue: Catalogue | None = None) -> None:
+    def __init__(self, engine: Engine, catalogue: Catalogue | None = None, *,
+                 quarantine_after: int = DEFAULT_AFTER) -> None:
         """``catalogue``: the workers a tick validates against (default: the installed plugins, the
-        runners' own catalogue)."""
+        runners' own catalogue). ``quarantine_after``: chains in a row that ended FAILED the same way
+        before a schedule is quarantined (``SCHEDULER_QUARANTINE_AFTER``; 0: never)."""
         if catalogue is None:
             from scrinalia.domains.archive.workers.plugins import load_catalogue
 
             catalogue = load_catalogue()
         self.engine = engine
         self.catalogue = catalogue
+        self.quarantine_after = quarantine_after
         self._leader_conn: psycopg.Connection | None = None
 
     def _hold_leadership(self) -> bool:
@@ -94,9 +99,15 @@ class Scheduler:
         # Expiring leases here too lets retries of crashed scheduled runs proceed with no runner online.
         report.expired = len(ledger.expire_leases(self.engine))
         report.retries = retry_failed_scheduled_runs(self.engine)
+        # After the retries (a chain that is still being retried has not ended) and before the firing
+        # (a quarantined schedule fires no new chain).
+        report.quarantined = quarantine_crash_loops(self.engine, self.quarantine_after)
         report.fired = fire_due_schedules(self.engine, self.catalogue)
         for item in report.fired:
             log.info("schedule %s (%s): %s %s", item.schedule_id, item.worker_name, item.outcome, item.run_id or "")
+        for q in report.quarantined:
+            log.warning("schedule %s (%s) quarantined: %s; fingerprint %r, last run %s", q.schedule_id,
+                        q.worker_name, q.reason, q.fingerprint, q.run_id)
         for retry in report.retries:
             log.info("retry of %s (%s): attempt %s as %s", retry.retry_of, retry.worker_name, retry.attempt,
                      retry.run_id)
