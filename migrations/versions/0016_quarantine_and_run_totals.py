@@ -73,7 +73,8 @@ def upgrade() -> None:
             SET search_path = pg_catalog, {s}, pg_temp
             AS $$
         DECLARE
-            seconds double precision := NEW.duration_ms / 1000.0;
+            -- A run cancelled while QUEUED never started: counted, not timed (its duration_ms is 0).
+            seconds double precision := CASE WHEN NEW.started_at IS NOT NULL THEN NEW.duration_ms / 1000.0 END;
             hits bigint[];
         BEGIN
             SELECT array_agg(CASE WHEN seconds IS NOT NULL AND seconds <= u.b THEN 1 ELSE 0 END ORDER BY u.i)
@@ -103,7 +104,9 @@ def upgrade() -> None:
         -- The history so far, in one pass (CREATE TRIGGER holds its lock on the ledger until this
         -- transaction commits: no run ends between the backfill and the trigger).
         WITH ended AS (
-            SELECT worker_name, status, duration_ms / 1000.0 AS seconds FROM archive_worker_runs
+            SELECT worker_name, status,
+                   CASE WHEN started_at IS NOT NULL THEN duration_ms / 1000.0 END AS seconds
+              FROM archive_worker_runs
              WHERE status NOT IN ('QUEUED', 'RUNNING')
         ), buckets AS (
             SELECT e.worker_name, e.status, u.i, count(*) FILTER (WHERE e.seconds <= u.b) AS n

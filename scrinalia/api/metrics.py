@@ -34,6 +34,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 from sqlalchemy import Connection, Engine, text
 
 from scrinalia import __version__
@@ -248,14 +249,10 @@ def _totals(conn: Connection) -> Iterator[Metric]:
     durations = HistogramMetricFamily("scrinalia_run_duration_seconds", "Durations of the runs that ended after "
                                       "starting, by worker.", labels=["worker"])
     for worker, acc in per_worker.items():
-        buckets = [(_le(b), float(n)) for b, n in zip(acc["bounds"], acc["buckets"], strict=True)]
+        buckets = [(floatToGoString(b), float(n)) for b, n in zip(acc["bounds"], acc["buckets"], strict=True)]
         buckets.append(("+Inf", float(acc["count"])))
         durations.add_metric([worker], buckets, sum_value=acc["sum"])
     yield from (finished, durations)
-
-
-def _le(bound: float) -> str:
-    return str(int(bound)) if float(bound).is_integer() else str(bound)
 
 
 def _schedule_metrics(conn: Connection) -> Iterator[Metric]:
