@@ -37,7 +37,8 @@ def _fast_forward(engine, flaky_id: int) -> None:
     with engine.begin() as conn:
         conn.execute(text("UPDATE archive_worker_runs SET not_before = now() WHERE status = 'QUEUED' "
                           "AND not_before > now()"))
-        conn.execute(text("UPDATE archive_worker_schedules SET next_run_at = now() WHERE enabled AND next_run_at > now()"))
+        conn.execute(text("UPDATE archive_worker_schedules SET next_run_at = now() "
+                          "WHERE enabled AND next_run_at > now()"))
         # The flaky worker's next chain fails with other words than every chain started before it (a
         # chain's request is the schedule's at its first attempt; its retries copy it).
         conn.execute(text(
