@@ -28,7 +28,8 @@ DEFAULT_AFTER = 3
 
 # One statement for every enabled schedule: each one's latest scheduled runs (ix_worker_runs_schedule_id,
 # at most (n + 1) chains of MAX_ATTEMPTS runs), the chain ends among them, the newest n of those, and
-# the schedules whose n ends are all FAILED with one fingerprint are disabled with the reason. A chain
+# the schedules whose n ends are all FAILED with one fingerprint are disabled with the reason (a later
+# run of the worker: max(id) of ix_worker_runs_worker_id, one index probe per candidate run). A chain
 # continues into the next scheduled run when that run is its retry (a retry is always the worker's very
 # next run: the policy retries only a worker's latest run). Counting starts after the last quarantine
 # (a resume, or an enable by a release that knows no quarantine).
@@ -57,8 +58,8 @@ _QUARANTINE_CRASH_LOOPS = text(
            AND e.next_retry_of IS DISTINCT FROM e.run_id
            AND (e.next_id IS NOT NULL OR e.status NOT IN ('FAILED', 'INTERRUPTED') OR e.attempt >= :max_attempts
                 OR e.exit_reason = 'configuration'
-                OR EXISTS (SELECT 1 FROM archive_worker_runs later
-                            WHERE later.worker_name = e.worker_name AND later.id > e.id))
+                OR e.id < (SELECT max(later.id) FROM archive_worker_runs later
+                            WHERE later.worker_name = e.worker_name))
            AND e.finished_at > COALESCE(e.counted_after, '-infinity'::timestamptz)
     ), loops AS (
         SELECT schedule_id, min(error_fingerprint) AS fingerprint,
