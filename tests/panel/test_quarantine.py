@@ -10,6 +10,7 @@ import time
 
 import pytest
 from playwright.sync_api import expect
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from scrinalia.scheduler.schedules import create_schedule, get_schedule
@@ -58,7 +59,10 @@ def scheduler_process(panel_database_url):
 
 @pytest.fixture
 def loop_runner(panel_database_url, panel_engine):
-    control = RunnerControl(panel_database_url, name="loop-runner", capabilities="panel-crash,panel-flaky")
+    # --listen-poll 0.5: a retry whose backoff the test ends sends no notification; the safety-net poll
+    # finds it (a real retry is found the same way, at the default 10 s).
+    control = RunnerControl(panel_database_url, name="loop-runner", capabilities="panel-crash,panel-flaky",
+                            flags=("--listen-poll", "0.5"))
     control.start()
     control.wait_registered(panel_engine)
     yield control
@@ -107,6 +111,13 @@ def test_a_crash_loop_is_quarantined_shown_and_resumed(page, panel_engine, loop_
     expect(card.locator(".quarantine")).to_contain_text(stopped.quarantine_fingerprint[:40])
     expect(page.locator('article.worker[data-worker="panel-flaky"]')).to_have_attribute("data-quarantined", "false")
     shot(page, "60-worker-quarantined")
+    # /metrics (the ADMIN session reads it) says so too (the page is logged in now).
+    scrape = page.request.get("/metrics")
+    assert scrape.status == 200
+    quarantined = {s.labels["worker"]: s.value for f in text_string_to_metric_families(scrape.text())
+                   for s in f.samples if s.name == "scrinalia_schedule_quarantined"}
+    assert quarantined == {"panel-crash": 1.0, "panel-flaky": 0.0}
+
 
     # Schedules: the state, the reason and the fingerprint; one click resumes it.
     card.get_by_role("link", name="Resume it on Schedules").click()
