@@ -68,8 +68,10 @@ def test_watch_in_tmux_shows_the_running_child_updates_its_progress_and_quits_on
     command = " ".join(shlex.quote(a) for a in [*RUNNER, "status", "--watch", "--socket", str(runner.socket_path)])
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in runner_env.items() if k in ("PYTHONPATH", "PATH", "HOME"))
     # An 80 x 24 terminal, as a plain SSH session has (tmux's default for a detached session).
+    # No COLUMNS / LINES from the test's environment: the view follows the terminal's own size.
+    stderr = shlex.quote(str(tmp_path / "stderr"))
     started = tmux("new-session", "-d", "-s", "watch", "-x", "80", "-y", "24", "-c", str(ROOT),
-                   f"env -u COLUMNS -u LINES TERM=xterm-256color {env} {command} 2>{shlex.quote(str(tmp_path / 'stderr'))}; "
+                   f"env -u COLUMNS -u LINES TERM=xterm-256color {env} {command} 2>{stderr}; "
                    f"echo \"exit=$?\" > {shlex.quote(str(exit_file))}")
     assert started.returncode == 0, started.stderr
 

@@ -240,3 +240,36 @@ def test_an_enable_by_the_previous_release_is_honoured(engine):
         assert not _quarantined(_chain(engine, scheduler, runner, "loop", SAME))
     finally:
         scheduler.release()
+
+
+def test_the_scheduler_cli_lists_a_quarantine_and_resumes_it(database_url, engine, monkeypatch):
+    from click.testing import CliRunner
+
+    from scrinalia.cli.main import cli
+    from scrinalia.settings import get_settings
+
+    runner = register_runner(engine, ["loop"])
+    schedule = _schedule(engine)
+    scheduler = Scheduler(engine, CATALOGUE)
+    try:
+        for _ in range(3):
+            reports = _chain(engine, scheduler, runner, "loop", SAME)
+        assert _quarantined(reports)
+    finally:
+        scheduler.release()
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    get_settings.cache_clear()
+    cli_runner = CliRunner()
+    try:
+        listed = cli_runner.invoke(cli, ["scheduler", "list"])
+        assert listed.exit_code == 0 and "\tquarantined\t" in listed.output
+        assert "the last 3 retry chains ended FAILED" in listed.output
+        assert f"scrinalia scheduler resume {schedule.id}" in listed.output
+        resumed = cli_runner.invoke(cli, ["scheduler", "resume", str(schedule.id), "--by", "ops@example.org"])
+        assert resumed.exit_code == 0 and "resumed" in resumed.output
+        assert get_schedule(engine, schedule.id).quarantine_resumed_by == "ops@example.org"
+        again = cli_runner.invoke(cli, ["scheduler", "resume", str(schedule.id)])
+        assert again.exit_code == 2 and "not quarantined" in again.output
+        assert cli_runner.invoke(cli, ["scheduler", "resume", "999999"]).exit_code == 2
+    finally:
+        get_settings.cache_clear()
