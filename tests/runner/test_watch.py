@@ -129,3 +129,35 @@ def test_watch_in_tmux_shows_the_running_child_updates_its_progress_and_quits_on
     while tmux.alive() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not tmux.alive(), "the tmux session outlived the view"
+
+
+def test_watch_all_reads_every_live_runner_from_the_registry(start_runner, runner_env, engine, tmux, tmp_path):
+    runner = start_runner("--heartbeat", "0.5", "--lease", "5", "--poll", "0.2")
+    run = enqueue(engine, "slow", units=400, pause=0.1)
+    runner.child_for(run.run_id)
+    exit_file = tmp_path / "exit"
+    command = " ".join(shlex.quote(a) for a in [*RUNNER, "status", "--watch", "--all"])
+    keep = ("PYTHONPATH", "PATH", "HOME", "DATABASE_URL")
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in runner_env.items() if k in keep)
+    started = tmux("new-session", "-d", "-s", "watch", "-x", "200", "-y", "40", "-c", str(ROOT),
+                   f"env -u COLUMNS -u LINES TERM=xterm-256color {env} {command} 2>/dev/null; "
+                   f"echo \"exit=$?\" > {shlex.quote(str(exit_file))}")
+    assert started.returncode == 0, started.stderr
+    tmux("resize-window", "-t", "watch", "-x", "200", "-y", "40")
+    run_id = str(run.run_id)
+
+    def shown():
+        screen = tmux.screen()
+        return screen if (_done(screen, run_id) or 0) > 0 else None
+
+    try:
+        screen = wait_for(shown, 30, 0.2, what="the registry's runner and its run on the screen")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the screen:\n{tmux.screen()}") from None
+    assert "every live runner (registry)" in screen and f"runner {runner.name}" in screen
+    assert "registry: online" in screen
+    row = _row(screen, run_id)
+    assert row is not None and row.split()[0] == "slow", row
+    assert tmux("send-keys", "-t", "watch", "q").returncode == 0
+    wait_for(lambda: exit_file.exists() and exit_file.read_text().strip(), 10, what="the view to quit on q")
+    assert exit_file.read_text().strip() == "exit=0"
