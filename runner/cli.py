@@ -332,7 +332,7 @@ def _run_once(url: Any, settings: Any, worker: str, request: dict[str, Any], **k
     """``run_once`` with a progress bar; each refusal before the run starts exits with its code."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from runner.database import SchemaBehind
+    from runner.database import SchemaMismatch
     from runner.oneshot import ProgressBar, run_once
     from scrinalia.db.errors import database_problem
     from scrinalia.domains.archive.errors import InvalidRunRequest, WorkerRunAlreadyActive
@@ -349,8 +349,8 @@ def _run_once(url: Any, settings: Any, worker: str, request: dict[str, Any], **k
         _fail(opts.EXIT_USAGE, str(exc))
     except WorkerRunAlreadyActive as exc:
         _fail(opts.EXIT_SLOT_BUSY, str(exc))
-    except SchemaBehind as exc:
-        _fail(opts.EXIT_SCHEMA_BEHIND, str(exc))
+    except SchemaMismatch as exc:  # behind: exit 4; ahead of this runner: exit 7
+        _fail(exc.exit_code, str(exc))
     except OptionsError as exc:
         _fail(opts.EXIT_USAGE, str(exc))
     except SQLAlchemyError as exc:

@@ -71,18 +71,18 @@ def daemon_catalogue(options: RunnerOptions) -> tuple[Any, list[str]]:
 
 def daemon_engine(url: Any, options: RunnerOptions, settings: Any) -> tuple[Any, str | None, int]:
     """The supervisor's engine and the schema's revision, checked against the bundled head; (None, None,
-    exit code) when the schema is behind or the database does not answer."""
+    exit code) when the schema is behind or ahead of this runner, or the database does not answer."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from runner.database import SchemaBehind, check_schema, parent_engine
+    from runner.database import SchemaMismatch, check_schema, parent_engine
     from scrinalia.db.errors import database_problem
 
     engine = parent_engine(url, options, settings)
     try:
         return engine, check_schema(engine), 0
-    except SchemaBehind as exc:
+    except SchemaMismatch as exc:  # behind: exit 4 (migrate first); ahead: exit 7 (upgrade this runner)
         log.error("%s", exc)
-        code = opts.EXIT_SCHEMA_BEHIND
+        code = exc.exit_code
     except SQLAlchemyError as exc:
         log.error("%s", database_problem(exc))
         code = opts.EXIT_DATABASE

@@ -15,19 +15,13 @@ from runner.options import RunnerOptions
 from scrinalia import __version__
 from scrinalia.db import migrate
 from scrinalia.db.engine import connect_args_for, create_engine_from_url
+
+# The refusals of ``check_schema``, where the runner's callers have always found them.
+from scrinalia.db.migrate import SchemaAhead as SchemaAhead
+from scrinalia.db.migrate import SchemaBehind as SchemaBehind
+from scrinalia.db.migrate import SchemaMismatch as SchemaMismatch
 from scrinalia.domains.archive.registry import RunnerRegistration
 from scrinalia.settings import DatabaseUrl, Settings
-
-
-class SchemaBehind(RuntimeError):
-    """The database's alembic_version is not the head of the bundled migrations."""
-
-    def __init__(self, current: str | None, head: str) -> None:
-        self.current, self.head = current, head
-        super().__init__(
-            f"the database schema is at revision {current or '(none: never migrated)'} but this runner needs "
-            f"{head}; migrate first with `scrinalia db upgrade` (deploy order: migrate -> API -> runner)"
-        )
 
 
 def parent_engine(url: DatabaseUrl | str, options: RunnerOptions, settings: Settings | None = None) -> Engine:
@@ -99,13 +93,11 @@ def child_connect_args(settings: Settings | None, options: RunnerOptions | None 
 
 
 def check_schema(engine: Engine) -> str:
-    """The database's revision, or ``SchemaBehind`` when it is not the bundled head."""
+    """The database's revision when it is the bundled head. Otherwise ``SchemaBehind`` (an older revision
+    of these migrations, or none: migrate first, exit 4) or ``SchemaAhead`` (a revision they do not know:
+    a newer release migrated it, so this runner is the one to upgrade, exit 7)."""
     with engine.connect() as conn:
-        current = migrate.current_revision(conn)
-    head = migrate.head_revision()
-    if current != head:
-        raise SchemaBehind(current, head)
-    return current
+        return migrate.require_head(conn, "runner")
 
 
 def registration(

@@ -46,8 +46,8 @@ def run_once(
 ) -> WorkerRun:
     """Run ``worker_name`` once, now, in a child process; block; return the run's final row.
 
-    Raises ``SchemaBehind`` (the database is not migrated), ``InvalidRunRequest`` (``UnknownWorker``,
-    ``UnknownOption``, ``InvalidOption``, ``MissingOption``...: the shared validation) and
+    Raises ``SchemaBehind`` or ``SchemaAhead`` (the schema is not this runner's head), ``InvalidRunRequest``
+    (``UnknownWorker``, ``UnknownOption``, ``InvalidOption``, ``MissingOption``...: the shared validation) and
     ``WorkerRunAlreadyActive`` (the worker's slot is taken) before anything runs. Every other outcome is
     in the returned row (SUCCESS, FAILED, CANCELLED, INTERRUPTED).
     ``handle_signals`` (the CLI; main thread only): Ctrl-C cancels, a second Ctrl-C kills.

@@ -10,9 +10,10 @@ EXIT_OK = 0
 EXIT_FAILED = 1            # run: the run ended FAILED (or INTERRUPTED by a lost lease); daemon: crashed
 EXIT_USAGE = 2             # a bad flag or option, an unknown worker
 EXIT_SLOT_BUSY = 3         # run: the worker already has an active run (uq_worker_run_active)
-EXIT_SCHEMA_BEHIND = 4     # the database's alembic_version is not the bundled head
+EXIT_SCHEMA_BEHIND = 4     # the database's alembic_version is an older revision (or none): migrate first
 EXIT_DATABASE = 5          # the database did not answer at start
 EXIT_ALREADY_RUNNING = 6   # daemon: a live supervisor already answers on this control socket
+EXIT_SCHEMA_AHEAD = 7      # the database's alembic_version is a revision this runner does not know: upgrade it
 EXIT_CANCELLED = 130       # run: the run ended CANCELLED (or was interrupted by a second Ctrl-C)
 
 DEFAULT_PRELOAD = ("torch", "transformers")

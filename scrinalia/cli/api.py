@@ -15,15 +15,27 @@ import click
 def command(host: str, port: int, workers: int, log_level: str, reload: bool) -> None:
     """Run the API: uvicorn --factory scrinalia.api.app:create_app.
 
+    Refuses to start on a schema that is not its bundled head: exit 4 when it is behind (migrate first),
+    7 when a newer release migrated it (upgrade this API).
+
     Forwarded headers are believed only from API_TRUSTED_PROXIES (the app decides; uvicorn's own proxy
     handling, which trusts 127.0.0.1 by default, is off)."""
     import uvicorn
+    from sqlalchemy import NullPool
 
     from scrinalia.api.settings import load_api_settings
+    from scrinalia.cli.schema import require_head_or_exit
+    from scrinalia.db.engine import app_engine
     from scrinalia.settings import get_settings
 
-    get_settings().require_database_url()  # fail now, with a clear message, not in every worker
+    settings = get_settings()
+    settings.require_database_url()  # fail now, with a clear message, not in every worker
     load_api_settings()
+    engine = app_engine(settings, application_name="scrinalia-api", poolclass=NullPool)
+    try:
+        require_head_or_exit(engine, "API")  # exit 4 (migrate first) or 7 (upgrade this API)
+    finally:
+        engine.dispose()
     uvicorn.run(
         "scrinalia.api.app:create_app",
         factory=True,

@@ -16,21 +16,53 @@ def command() -> None:
 @command.command("upgrade")
 @click.argument("revision", default="head")
 def upgrade(revision: str) -> None:
-    """Migrate DATABASE_URL up to REVISION (default: head)."""
-    migrate.upgrade(get_settings().require_database_url(), revision)
+    """Migrate DATABASE_URL up to REVISION (default: head).
+
+    Exit 7, changing nothing, when the database is already at a revision this release does not know (a
+    newer release migrated it: upgrade this installation instead); exit 2 for a REVISION that no bundled
+    migration has."""
+    try:
+        migrate.upgrade(get_settings().require_database_url(), revision)
+    except migrate.UnknownTarget as exc:
+        raise click.UsageError(str(exc)) from None
+    except migrate.SchemaAhead as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(exc.exit_code) from None
+    click.echo(f"database at {revision}")
+
+
+@command.command("downgrade")
+@click.argument("revision")
+def downgrade(revision: str) -> None:
+    """Migrate DATABASE_URL down to REVISION: the rollback of a release (docs/operations.md, "Upgrading").
+
+    Use this release's command (the previous release cannot read revisions it does not know). What the
+    later revisions added is removed; the state they moved is carried back (the lockouts). Exit 2 for a
+    REVISION that no bundled migration has, 7 when the database is ahead of this release."""
+    try:
+        migrate.downgrade(get_settings().require_database_url(), revision)
+    except migrate.UnknownTarget as exc:
+        raise click.UsageError(str(exc)) from None
+    except migrate.SchemaAhead as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(exc.exit_code) from None
     click.echo(f"database at {revision}")
 
 
 @command.command("current")
 def current() -> None:
-    """Print the database's revision and the bundled head."""
+    """Print the database's revision (behind or ahead of this release) and the bundled head; exit 1 when
+    they differ."""
     engine = app_engine(get_settings(), application_name="scrinalia-cli")
     with engine.connect() as conn:
         revision = migrate.current_revision(conn)
     engine.dispose()
     head = migrate.head_revision()
-    click.echo(f"database: {revision or '(none)'}\nbundled head: {head}")
-    if revision != head:
+    state = migrate.schema_state(revision)
+    said = {"current": "", "behind": " (behind this release: scrinalia db upgrade)",
+            "ahead": " (ahead of this release: a newer release migrated it; upgrade this installation)"}[state]
+    click.echo(f"database: {revision or '(none)'}{said}\nbundled head: {head}")
+    if state != "current":
         raise SystemExit(1)
 
 

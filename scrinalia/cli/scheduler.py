@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import threading
 
 import click
 
 from scrinalia.db.engine import app_engine
 from scrinalia.settings import get_settings
+
+log = logging.getLogger("scrinalia.scheduler")
 
 
 def _engine():
@@ -24,11 +28,37 @@ def command() -> None:
 @command.command("run")
 @click.option("--interval", default=5.0, show_default=True, help="Seconds between ticks.")
 def run(interval: float) -> None:
-    """Run the scheduler until SIGTERM/SIGINT (SCHEDULER_QUARANTINE_AFTER: the crash-loop threshold)."""
+    """Run the scheduler until SIGTERM/SIGINT (SCHEDULER_QUARANTINE_AFTER: the crash-loop threshold).
+
+    Refuses to start on a schema that is not its bundled head: exit 4 when it is behind (migrate first),
+    7 when a newer release migrated it (upgrade this scheduler)."""
     from scrinalia.scheduler.service import Scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    Scheduler(_engine(), quarantine_after=get_settings().scheduler_quarantine_after).serve(interval)
+    engine = _engine()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if _schema_checked(engine, interval, stop):
+        Scheduler(engine, quarantine_after=get_settings().scheduler_quarantine_after).serve(interval, stop)
+
+
+def _schema_checked(engine, interval: float, stop: threading.Event) -> bool:
+    """Whether the schema is the bundled head (exits 4 or 7 when it is not). A database that does not
+    answer yet is waited for, one line per try, as the ticks do: the service outlasts an outage, and
+    only the schema's answer can stop it. False: stopped (SIGTERM) before the database answered."""
+    from scrinalia.cli.schema import require_head_or_exit
+    from scrinalia.db.errors import database_errors, database_problem
+
+    while not stop.is_set():
+        try:
+            require_head_or_exit(engine, "scheduler")
+            return True
+        except database_errors() as exc:
+            log.warning("scheduler start: the schema cannot be checked: %s; retrying in %.0f s",
+                        database_problem(exc), interval)
+        stop.wait(interval)
+    return False
 
 
 @command.command("add")

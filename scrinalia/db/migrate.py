@@ -1,18 +1,72 @@
-"""Alembic from inside the package: the bundled migrations, their head, and the database's revision."""
+"""Alembic from inside the package: the bundled migrations, their head, the database's revision, and the
+version check every long-running process makes at start (the runner, the API, the scheduler).
+
+The check tells the truth in both directions (docs/operations.md, "Upgrading"):
+
+* the database is at an older revision of these migrations (or was never migrated): the schema is
+  *behind* the code, ``SchemaBehind``, exit code 4: migrate first;
+* the database is at a revision these migrations do not know: a newer release migrated it, the schema
+  is *ahead* of the code, ``SchemaAhead``, exit code 7: this process is the one to upgrade. Migrating
+  with this release cannot help (alembic cannot go from a revision it does not have), so ``upgrade``
+  refuses it too, in one line, instead of alembic's traceback.
+"""
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, NullPool, text
 
 import migrations
+from scrinalia.db.engine import create_engine_from_url
 from scrinalia.settings import DatabaseUrl
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
+
+#: The exit code of a process that refuses a schema behind its code (``scrinalia db upgrade`` first).
+EXIT_SCHEMA_BEHIND = 4
+#: The exit code of a process that refuses a schema ahead of its code (upgrade the process).
+EXIT_SCHEMA_AHEAD = 7
+
+SchemaState = Literal["current", "behind", "ahead"]
+
+
+class SchemaMismatch(RuntimeError):
+    """The database's revision is not the bundled head; ``component`` names who refuses ("runner",
+    "API", "scheduler"), so the message says what to do with which process."""
+
+    exit_code: int
+
+    def __init__(self, current: str | None, head: str, component: str, message: str) -> None:
+        self.current, self.head, self.component = current, head, component
+        super().__init__(message)
+
+
+class SchemaBehind(SchemaMismatch):
+    exit_code = EXIT_SCHEMA_BEHIND
+
+    def __init__(self, current: str | None, head: str, component: str = "runner") -> None:
+        super().__init__(
+            current, head, component,
+            f"the database schema is at revision {current or '(none: never migrated)'} but this {component} "
+            f"needs {head}; migrate first with `scrinalia db upgrade` (deploy order: migrate -> API -> runner)",
+        )
+
+
+class SchemaAhead(SchemaMismatch):
+    exit_code = EXIT_SCHEMA_AHEAD
+
+    def __init__(self, current: str, head: str, component: str = "runner") -> None:
+        super().__init__(
+            current, head, component,
+            f"this {component} is older than the database's schema (revision {current}); upgrade this "
+            f"{component} (its newest revision is {head})",
+        )
 
 
 def alembic_config(url: DatabaseUrl | str | None = None) -> Config:
@@ -48,9 +102,60 @@ def current_revision(conn: Connection) -> str | None:
     return conn.execute(text("SELECT version_num FROM alembic_version LIMIT 1")).scalar()
 
 
+def schema_state(current: str | None) -> SchemaState:
+    """Where the database's revision stands against this code's migrations."""
+    if current == head_revision():
+        return "current"
+    if current is None or current in known_revisions():
+        return "behind"
+    return "ahead"
+
+
+def require_head(conn: Connection, component: str) -> str:
+    """The database's revision when it is the bundled head; else ``SchemaBehind`` or ``SchemaAhead``."""
+    current = current_revision(conn)
+    state = schema_state(current)
+    if state == "behind":
+        raise SchemaBehind(current, head_revision(), component)
+    if state == "ahead":
+        assert current is not None
+        raise SchemaAhead(current, head_revision(), component)
+    assert current is not None
+    return current
+
+
+class UnknownTarget(ValueError):
+    """``scrinalia db upgrade REVISION`` names a revision these migrations do not have."""
+
+
 def upgrade(url: DatabaseUrl | str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+    """Migrate up to ``revision``. Refuses, before alembic runs, a target these migrations do not have
+    (``UnknownTarget``) and a database already at a revision they do not know (``SchemaAhead``: a newer
+    release migrated it); a database behind is migrated as usual. The revision is read on the connection
+    the migrations then run on, in their transaction."""
+    _migrate(url, revision, command.upgrade, allowed_targets=("head",))
 
 
 def downgrade(url: DatabaseUrl | str, revision: str = "base") -> None:
-    command.downgrade(alembic_config(url), revision)
+    """Migrate down to ``revision`` (a revision of these migrations, or "base"), with the refusals of
+    ``upgrade``: a rollback is made with the code of the release that migrated the database up."""
+    _migrate(url, revision, command.downgrade, allowed_targets=("base",))
+
+
+def _migrate(url: DatabaseUrl | str, revision: str, run: Callable[[Config, str], None],
+             allowed_targets: tuple[str, ...]) -> None:
+    if revision not in allowed_targets and revision not in known_revisions():
+        raise UnknownTarget(f"no migration has the revision {revision!r} (the bundled head is {head_revision()})")
+    engine = create_engine_from_url(url, application_name="scrinalia-migrate", poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            current = current_revision(conn)
+            if schema_state(current) == "ahead":
+                assert current is not None
+                raise SchemaAhead(current, head_revision(), "release")
+            config = alembic_config(url)
+            config.attributes["connection"] = conn
+            run(config, revision)
+            conn.commit()
+    finally:
+        engine.dispose()

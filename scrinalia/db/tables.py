@@ -92,6 +92,12 @@ auth_users = Table(
     Column("role", user_role, nullable=False, server_default="VIEWER"),
     Column("is_active", Boolean, nullable=False, server_default=text("true")),
     Column("must_change_password", Boolean, nullable=False, server_default=text("false")),
+    # The previous release's lockout, kept for it until the next release's contract step (migration 0005,
+    # decision 0125): this code never reads them; what that release writes is carried into
+    # auth_login_throttle by a trigger.
+    Column("failed_attempts", Integer, nullable=False, server_default=text("0")),
+    Column("lockout_count", Integer, nullable=False, server_default=text("0")),
+    Column("locked_until", TS),
     Column("last_login_at", TS),
     Column("created_at", TS, nullable=False, server_default=func.now()),
     Column("updated_at", TS, nullable=False, server_default=func.now()),

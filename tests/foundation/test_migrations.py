@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from alembic import command
+from alembic.script import Script, ScriptDirectory
 from sqlalchemy import inspect, text
 
 from scrinalia.db import migrate
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.db.tables import metadata
+from tests.foundation.schema_facts import Snapshot, removed, schema_facts
 
 
 def test_upgrade_check_downgrade_upgrade(empty_database_url):
@@ -48,3 +50,59 @@ def test_the_queue_indexes_exist_as_designed(engine):
     # The active rows are at most one per worker and uq_worker_run_active holds them: no second index
     # over QUEUED or RUNNING rows costs an entry per enqueue or claim (migration 0003).
     assert "ix_worker_runs_claim" not in defs and "ix_worker_runs_lease" not in defs
+
+
+def _revisions_in_order() -> list[Script]:
+    """The bundled revisions from the first to the head (one line: the tests of the chain need one)."""
+    script = ScriptDirectory.from_config(migrate.alembic_config())
+    return list(reversed(list(script.walk_revisions())))
+
+
+def test_no_migration_removes_what_the_code_before_it_relies_on(empty_database_url):
+    """Expand/contract (decision 0125): each migration only adds. Whatever code written for the
+    revision before it can rely on (tables, columns and their types, NULL allowed, defaults, enum
+    labels, functions, unique indexes, what each CHECK accepts, rows visible to every role) is still
+    there after it, unless the migration names it in ``CONTRACT``: the contract step, one release
+    after the code that read it was replaced (docs/operations.md, "Upgrading")."""
+    engine = create_engine_from_url(empty_database_url)
+    problems: list[str] = []
+    before: Snapshot | None = None
+    try:
+        for revision in _revisions_in_order():
+            migrate.upgrade(empty_database_url, revision.revision)
+            with engine.connect() as conn:
+                after = schema_facts(conn)
+            if before is not None:
+                declared = set(getattr(revision.module, "CONTRACT", ()))
+                lost = removed(before, after)
+                problems += [f"{revision.revision} removes: {fact}" for fact in sorted(lost - declared)]
+                problems += [f"{revision.revision} declares a contract it does not make: {fact}"
+                             for fact in sorted(declared - lost)]
+            before = after
+    finally:
+        engine.dispose()
+    assert not problems, "\n".join(problems)
+
+
+def test_the_facts_catch_a_dropped_column_a_narrowed_check_and_a_required_column(engine):
+    """The comparison itself can fail: each kind of incompatible change is seen."""
+    with engine.connect() as conn:
+        before = schema_facts(conn)
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE auth_users DROP COLUMN last_login_at"))
+        conn.execute(text("ALTER TABLE auth_sessions ALTER COLUMN client_address SET NOT NULL"))
+        conn.execute(text("ALTER TABLE archive_worker_runs ADD COLUMN owner_team text NOT NULL"))
+        conn.execute(text("ALTER TABLE archive_worker_runs DROP CONSTRAINT ck_run_exit_reason"))
+        conn.execute(text("ALTER TABLE archive_worker_runs ADD CONSTRAINT ck_run_exit_reason "
+                          "CHECK (exit_reason IN ('exception', 'signal'))"))
+        conn.execute(text("ALTER TABLE auth_devices ENABLE ROW LEVEL SECURITY"))
+        conn.execute(text("ALTER TYPE user_role RENAME VALUE 'VIEWER' TO 'READER'"))
+    with engine.connect() as conn:
+        after = schema_facts(conn)
+    lost = removed(before, after)
+    assert "column auth_users.last_login_at timestamp with time zone" in lost
+    assert "nullable auth_sessions.client_address" in lost
+    assert "an INSERT that does not name archive_worker_runs.owner_team (NOT NULL, no default)" in lost
+    assert any(f.startswith("check archive_worker_runs.ck_run_exit_reason accepts") for f in lost)
+    assert "every role sees every row of auth_devices" in lost
+    assert "enum user_role VIEWER" in lost

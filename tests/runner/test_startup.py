@@ -30,11 +30,11 @@ def test_unknown_capabilities_are_refused(runner_env, tmp_path):
 def test_a_schema_that_is_behind_is_refused_with_a_clear_message(runner_env, database_url, tmp_path):
     eng = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://", 1))
     with eng.begin() as conn:
-        conn.execute(text("UPDATE alembic_version SET version_num = '0000_older'"))
+        conn.execute(text("UPDATE alembic_version SET version_num = '0001_initial'"))  # an older revision
     eng.dispose()
     done = _daemon(runner_env, "--name", "x", "--socket", str(tmp_path / "s"))
     assert done.returncode == EXIT_SCHEMA_BEHIND, done.stderr
-    assert "the database schema is at revision 0000_older but this runner needs" in done.stderr
+    assert "the database schema is at revision 0001_initial but this runner needs" in done.stderr
     assert "scrinalia db upgrade" in done.stderr
     assert not (tmp_path / "s").exists()
 

@@ -1,0 +1,24 @@
+"""The version check a long-running ``scrinalia`` process makes before it serves: the API and the scheduler
+refuse a schema that is not their bundled head, as the runner does (``runner.database.check_schema``).
+
+Behind (an older revision, or never migrated): one line, exit 4, "migrate first". Ahead (a revision this
+release does not know: a newer release migrated the database): one line, exit 7, "upgrade this API". Both
+are in every unit's ``RestartPreventExitStatus=``: restarting cannot fix either (docs/operations.md,
+"Upgrading"). A database that does not answer is the caller's usual one-line error (exit 5).
+"""
+from __future__ import annotations
+
+import click
+from sqlalchemy import Engine
+
+from scrinalia.db import migrate
+
+
+def require_head_or_exit(engine: Engine, component: str) -> str:
+    """The database's revision when it is the bundled head; otherwise say why on stderr and exit."""
+    try:
+        with engine.connect() as conn:
+            return migrate.require_head(conn, component)
+    except migrate.SchemaMismatch as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(exc.exit_code) from None
