@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +35,11 @@ class Tmux:
         return self("has-session", "-t", "watch").returncode == 0
 
     def kill(self) -> None:
+        """Stop the server and remove its socket file (tmux leaves it behind)."""
+        path = self("display-message", "-p", "#{socket_path}").stdout.strip()
         self("kill-server")
+        if path:
+            Path(path).unlink(missing_ok=True)
 
 
 @pytest.fixture
