@@ -3,6 +3,7 @@ a real slow worker: the view shows the running child, its progress moves from on
 and ``q`` quits with the terminal given back."""
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -36,10 +37,9 @@ class Tmux:
 
     def kill(self) -> None:
         """Stop the server and remove its socket file (tmux leaves it behind)."""
-        path = self("display-message", "-p", "#{socket_path}").stdout.strip()
         self("kill-server")
-        if path:
-            Path(path).unlink(missing_ok=True)
+        tmpdir = os.environ.get("TMUX_TMPDIR") or "/tmp"
+        (Path(tmpdir) / f"tmux-{os.getuid()}" / self.socket).unlink(missing_ok=True)
 
 
 @pytest.fixture
