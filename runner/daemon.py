@@ -135,6 +135,7 @@ def serve_daemon(options: RunnerOptions, settings: Any, url: Any, database: tupl
     from runner.sdnotify import Notifier
     from runner.supervisor import Supervisor
     from scrinalia.db.errors import database_problem
+    from scrinalia.domains.archive.model_dirs import seen_model_dirs
 
     engine, revision = database
     gpu = GpuProbe()
@@ -154,7 +155,8 @@ def serve_daemon(options: RunnerOptions, settings: Any, url: Any, database: tupl
         launcher=launcher, mode="daemon", notifier=Notifier(), gpu=gpu, devices=planner, control=control,
         registration=registration(options, capabilities, kind="daemon",
                                   schema_revision=revision,
-                                  devices=planner.registry_devices(nvml_devices)),
+                                  devices=planner.registry_devices(nvml_devices),
+                                  sees=seen_model_dirs(catalogue, capabilities, engine)),
         wakeup=_wakeup(options, engine, capabilities, settings), catalogue=catalogue,
     )
     try:

@@ -12,6 +12,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from scrinalia.domains.archive.run_ids import short_id
+from scrinalia.wording import plural_word
+
 # Field -> meaning. The tests check that the JSON has exactly these top-level fields.
 STATUS_FIELDS: dict[str, str] = {
     "runner_id": "the runner's id (archive_worker_runners.runner_id)",
@@ -115,7 +118,11 @@ def _progress(progress: Any) -> str:
         return "-"
     total = progress.get("total")
     text = f"{progress['done']}/{total}" if total is not None else str(progress["done"])
-    return f"{text} {progress.get('unit') or ''}".strip()
+    unit = progress.get("unit")
+    if not unit:
+        return text
+    # "190/200 documents", "1/1 document", "0 documents": the count that is the unit's is the total
+    return f"{text} {plural_word(total if total is not None else progress['done'], str(unit))}"
 
 
 def render_status(status: dict[str, Any]) -> str:
@@ -124,7 +131,7 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"  GPU {_device(d)}  {d.get('name') or ''}  {len(d['children'])}/{d['slots']} slots busy"
                      + (f"  {_bytes(d['memory_total_bytes'])}" if d.get("memory_total_bytes") else ""))
     if status["children"]:
-        lines.append(f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} "
+        lines.append(f"  {'PID':>7}  {'RUN':<12}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} "
                      f"{'RSS':>10} {'GPU':>10}  DEVICE")
         lines.extend(_child_line(c) for c in status["children"])
     else:
@@ -152,7 +159,7 @@ def _header_lines(status: dict[str, Any]) -> list[str]:
 
 
 def _child_line(c: dict[str, Any]) -> str:
-    return (f"  {c['pid']:>7}  {c['run_id']:<36}  {c['worker'][:20]:<20} {c['phase']:<9} "
+    return (f"  {c['pid']:>7}  {short_id(c['run_id']):<12}  {c['worker'][:20]:<20} {c['phase']:<9} "
             f"{c['elapsed_seconds']:>7.1f}s  {_progress(c['progress'])[:18]:<18} {_bytes(c['rss_bytes']):>10} "
             f"{_bytes(c['gpu_memory_bytes']):>10}  {_device(c.get('device'))}"
             + ("  cancel requested" if c["cancel_requested"] else ""))

@@ -91,11 +91,18 @@ class DatabaseTls(BaseSettings):
     db_sslmode: SSLMode = "prefer"
     db_sslrootcert: Path | None = None
 
+    @field_validator("db_sslrootcert", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """``DB_SSLROOTCERT=`` (an empty line of an env file) means "not set", not the current directory."""
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("db_sslrootcert")
     @classmethod
     def _cert_exists(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
-            raise ValueError(f"DB_SSLROOTCERT {value} is not a readable file")
+            raise ValueError(f"DB_SSLROOTCERT={str(value)!r} is not a readable file (a PEM file of the CA that "
+                             "signed the server's certificate; leave it empty or unset for libpq's default)")
         return value
 
 
@@ -115,6 +122,9 @@ class Settings(DatabaseTls):
         default=3, ge=0, le=100,
         description="Retry chains in a row that ended FAILED with one fingerprint before the scheduler "
                     "quarantines the schedule (0: never)")
+    run_samples_retention_days: int = Field(
+        default=14, ge=1, le=3650,
+        description="Days a run's chart samples are kept (the scheduler prunes older ones)")
 
     @field_validator("database_url", "runner_database_url")
     @classmethod

@@ -1,7 +1,7 @@
 """Crash-loop quarantine on the schedules, and the finished-run totals that /metrics reads.
 
 Revision ID: 0016
-Revises: 0011
+Revises: 0015
 Create Date: 2026-12-02
 
 Quarantine (decision 0165): the scheduler pauses a schedule whose last N retry chains ended FAILED with
@@ -23,7 +23,7 @@ from alembic import op
 from sqlalchemy import text
 
 revision = "0016"
-down_revision = "0011"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

@@ -18,11 +18,13 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
 
+from scrinalia.api.metrics import event_dropped
 from scrinalia.domains.archive.ledger_events import RESYNC, LedgerEvent, LedgerListener, conninfo_for
 
 log = logging.getLogger("scrinalia.api.events")
@@ -54,16 +56,18 @@ class Subscriber:
 class EventHub:
     """The process's single LISTEN connection and its subscribers."""
 
-    def __init__(self, conninfo: str) -> None:
-        self.listener = LedgerListener(conninfo, name="api events")
+    def __init__(self, conninfo: str, workers: Collection[str] | None = None) -> None:
+        # Only events of the triggers' shape, naming a worker of the catalogue, are relayed; the rest is
+        # dropped and counted (scrinalia_events_dropped_total): any database login may NOTIFY.
+        self.listener = LedgerListener(conninfo, name="api events", workers=workers, on_drop=event_dropped)
         self.subscribers: set[Subscriber] = set()
         self.published = 0
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
     @classmethod
-    def for_engine(cls, engine: Engine, **connect_args: Any) -> EventHub:
-        return cls(conninfo_for(engine, **{"application_name": "scrinalia-api-events", **connect_args}))
+    def for_engine(cls, engine: Engine, workers: Collection[str] | None = None, **connect_args: Any) -> EventHub:
+        return cls(conninfo_for(engine, **{"application_name": "scrinalia-api-events", **connect_args}), workers)
 
     @property
     def listening(self) -> bool:

@@ -47,9 +47,21 @@ from scrinalia.scheduler.schedules import list_schedules
 
 log = logging.getLogger("scrinalia.api.metrics")
 
-#: The events the panel's relay dropped in this process, by why (process-local: see the module's doc).
-EVENTS_DROPPED = Counter("scrinalia_events_dropped_total", "Ledger events the panel's relay dropped in this API "
-                         "process, by reason.", ["reason"], registry=None)
+#: The notifications the panel's relay dropped in this process, by why (process-local: see the module's
+#: doc). Registered in each scrape's registry (``build_registry``), not in the library's global one.
+EVENTS_DROPPED = Counter(
+    "scrinalia_events_dropped_total",
+    "Notifications on the ledger's channel that the live relay dropped, by reason (not JSON within the "
+    "bounds, not the shape the ledger's triggers send: anyone with a database login may NOTIFY)",
+    ["reason"],
+    registry=None,
+)
+
+
+def event_dropped(reason: str) -> None:
+    """The relay's ``on_drop``: one more dropped notification of ``reason``."""
+    EVENTS_DROPPED.labels(reason=reason).inc()
+
 
 #: The channel of the notification probe: its own, so no runner or relay wakes for it.
 PROBE_CHANNEL = "scrinalia_metrics_probe"

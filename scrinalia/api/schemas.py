@@ -254,10 +254,19 @@ class WorkersOut(BaseModel):
     workers: list[WorkerOut]
 
 
+class SettingsWarning(BaseModel):
+    field: str
+    message: str
+
+
 class SettingsOut(BaseModel):
     worker: str
     persisted: dict[str, Any] | None
     effective: dict[str, Any]
+    warnings: list[SettingsWarning] = Field(
+        default_factory=list,
+        description="What is saved but may not run: a model directory that no online runner of the worker "
+                    "reports seeing on its host (decision 0145)")
 
 
 class RevisionOut(Open):

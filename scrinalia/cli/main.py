@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "dev": "scrinalia.cli.dev",
     "api": "scrinalia.cli.api",
     "scheduler": "scrinalia.cli.scheduler",
+    "runs": "scrinalia.cli.runs",
 }
 
 

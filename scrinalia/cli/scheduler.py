@@ -1,7 +1,6 @@
 """``scrinalia scheduler``: run the scheduler process, and manage schedules."""
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -40,7 +39,8 @@ def run(interval: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if _schema_checked(engine, interval, stop):
-        Scheduler(engine, quarantine_after=get_settings().scheduler_quarantine_after).serve(interval, stop)
+        Scheduler(engine, quarantine_after=get_settings().scheduler_quarantine_after,
+                  samples_retention_days=get_settings().run_samples_retention_days).serve(interval, stop)
 
 
 def _schema_checked(engine, interval: float, stop: threading.Event) -> bool:
@@ -72,14 +72,15 @@ def add(worker: str, every: int, request_json: str, created_by: str | None) -> N
     Exit 2, writing nothing, for an unknown worker, option, engine or preset, an out-of-range value, a
     missing required option (a model directory), or a worker that already has a schedule.
     """
+    from scrinalia import bounded_json
     from scrinalia.domains.archive.errors import InvalidRunRequest
     from scrinalia.domains.archive.workers.plugins import load_catalogue
     from scrinalia.scheduler.schedules import ScheduleExists, create_schedule
 
     try:
-        request = json.loads(request_json)
-    except json.JSONDecodeError as exc:
-        raise click.UsageError(f"--request is not JSON: {exc}") from None
+        request = bounded_json.loads(request_json)
+    except bounded_json.JsonRefused as exc:
+        raise click.UsageError(f"--request {exc.message}") from None
     try:
         schedule = create_schedule(_engine(), worker, every, request, catalogue=load_catalogue(),
                                    created_by=created_by)

@@ -15,7 +15,7 @@ import psycopg
 from sqlalchemy import Engine
 
 from scrinalia.db.errors import database_errors, database_problem
-from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive import charts, ledger
 from scrinalia.domains.archive.workers.validation import Catalogue
 from scrinalia.scheduler.quarantine import DEFAULT_AFTER, Quarantine, quarantine_crash_loops
 from scrinalia.scheduler.retry import Retry, retry_failed_scheduled_runs
@@ -43,14 +43,18 @@ class TickReport:
     retries: list[Retry] = field(default_factory=list)
     quarantined: list[Quarantine] = field(default_factory=list)
     expired: int = 0
+    pruned_samples: int = 0
 
 
 class Scheduler:
     def __init__(self, engine: Engine, catalogue: Catalogue | None = None, *,
-                 quarantine_after: int = DEFAULT_AFTER) -> None:
+                 quarantine_after: int = DEFAULT_AFTER,
+                 samples_retention_days: int = charts.DEFAULT_SAMPLES_RETENTION_DAYS) -> None:
         """``catalogue``: the workers a tick validates against (default: the installed plugins, the
         runners' own catalogue). ``quarantine_after``: chains in a row that ended FAILED the same way
-        before a schedule is quarantined (``SCHEDULER_QUARANTINE_AFTER``; 0: never)."""
+        before a schedule is quarantined (``SCHEDULER_QUARANTINE_AFTER``; 0: never).
+        ``samples_retention_days``: how long the runs' chart samples are kept (RUN_SAMPLES_RETENTION_DAYS);
+        each tick deletes a bounded batch of older ones."""
         if catalogue is None:
             from scrinalia.domains.archive.workers.plugins import load_catalogue
 
@@ -58,6 +62,7 @@ class Scheduler:
         self.engine = engine
         self.catalogue = catalogue
         self.quarantine_after = quarantine_after
+        self.samples_retention_days = samples_retention_days
         self._leader_conn: psycopg.Connection | None = None
 
     def _hold_leadership(self) -> bool:
@@ -103,6 +108,7 @@ class Scheduler:
         # (a quarantined schedule fires no new chain).
         report.quarantined = quarantine_crash_loops(self.engine, self.quarantine_after)
         report.fired = fire_due_schedules(self.engine, self.catalogue)
+        report.pruned_samples = charts.prune_samples(self.engine, self.samples_retention_days)
         for item in report.fired:
             log.info("schedule %s (%s): %s %s", item.schedule_id, item.worker_name, item.outcome, item.run_id or "")
         for q in report.quarantined:

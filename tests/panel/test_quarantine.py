@@ -119,8 +119,14 @@ def test_a_crash_loop_is_quarantined_shown_and_resumed(page, panel_engine, loop_
     assert quarantined == {"panel-crash": 1.0, "panel-flaky": 0.0}
 
 
+    # The worker's own page says it too, and links to the schedule.
+    page.goto("/#/workers/panel-crash")
+    note = page.locator(".quarantine")
+    expect(note).to_contain_text("schedule quarantined")
+    expect(note).to_contain_text(stopped.quarantine_fingerprint[:40])
+
     # Schedules: the state, the reason and the fingerprint; one click resumes it.
-    card.get_by_role("link", name="Resume it on Schedules").click()
+    note.get_by_role("link", name="Resume it on Schedules").click()
     row = page.locator(f'tr[data-schedule="{crash.id}"]')
     expect(row).to_have_attribute("data-state", "quarantined")
     expect(row).to_contain_text("the last 3 retry chains ended FAILED")

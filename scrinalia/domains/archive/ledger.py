@@ -616,6 +616,22 @@ def get_run(engine: Engine, run_id: uuid.UUID) -> WorkerRun | None:
     return WorkerRun.from_row(row) if row is not None else None
 
 
+_FIND_RUN_IDS = text(
+    """SELECT run_id FROM archive_worker_runs
+        WHERE right(replace(run_id::text, '-', ''), :n) = :digits OR left(replace(run_id::text, '-', ''), :n) = :digits
+        ORDER BY id DESC LIMIT :limit"""
+)
+
+
+def find_run_ids(engine: Engine, digits: str, limit: int = 5) -> list[uuid.UUID]:
+    """The runs whose id ends (the short id people see: ``run_ids.short_id``) or starts (an older log's
+    8-digit prefix) with the hex ``digits``, newest first, at most ``limit``. A scan of the ledger: a
+    person's lookup, not a protocol step."""
+    with one_statement(engine) as conn:
+        return list(conn.execute(_FIND_RUN_IDS, {"digits": digits.lower(), "n": len(digits),
+                                                 "limit": limit}).scalars())
+
+
 def active_run(engine: Engine, worker_name: str) -> WorkerRun | None:
     with one_statement(engine) as conn:
         row = conn.execute(_ACTIVE_RUN, {"worker_name": worker_name}).one_or_none()

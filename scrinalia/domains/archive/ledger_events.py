@@ -17,12 +17,12 @@ Every time the LISTEN becomes active (the first time and after each reconnect) `
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq.abc import PGconn
 from sqlalchemy import Engine
 
+from scrinalia import bounded_json
+from scrinalia.db.tables import RUN_STATUSES, WORKER_NAME_MAX
 from scrinalia.domains.archive.ledger import LEDGER_CHANNEL, LISTEN_STATEMENT
 
 log = logging.getLogger("scrinalia.ledger.events")
@@ -67,19 +69,83 @@ class LedgerEvent:
 RESYNC = LedgerEvent("resync")
 
 
-def parse_payload(payload: str) -> LedgerEvent | None:
-    """The trigger's JSON payload -> an event; None for anything else (never raises)."""
+RUN_KEYS = frozenset({"kind", "run_id", "worker", "status", "cancel"})
+RUNNER_KEYS = frozenset({"kind", "runner_id"})
+
+
+class EventRefused(ValueError):
+    """A notification that is not one the ledger's triggers send; ``reason`` is a stable code (the
+    label of ``scrinalia_events_dropped_total``): too_large, too_deep, not_json, unknown_kind,
+    bad_shape, bad_uuid, bad_worker, bad_status, bad_cancel."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def parse_payload(payload: str | bytes, workers: Collection[str] | None = None) -> LedgerEvent:
+    """The trigger's JSON payload -> an event, or ``EventRefused`` saying why not.
+
+    Any database login may ``pg_notify`` on the channel, so the payload is checked against what the
+    triggers of migration 0006 send, and nothing else passes: read with the bounded reader (a few
+    thousand ``[`` are refused before the JSON decoder sees them), exactly the trigger's keys, ids in
+    the canonical UUID form, a status of the enum, ``cancel`` a JSON boolean, and the worker a name of
+    ``workers`` (the catalogue; None: any name of the ledger's length). Never raises anything else."""
     try:
-        data = json.loads(payload)
-        kind = data.get("kind")
-        if kind == "run":
-            return LedgerEvent("run", run_id=uuid.UUID(data["run_id"]), worker=str(data.get("worker")),
-                               status=str(data.get("status")), cancel=bool(data.get("cancel")))
-        if kind == "runner":
-            return LedgerEvent("runner", runner_id=uuid.UUID(data["runner_id"]))
-    except (ValueError, TypeError, KeyError, AttributeError):
-        pass
-    return None
+        data = bounded_json.loads(payload, max_bytes=bounded_json.EVENT_MAX_BYTES,
+                                  max_depth=bounded_json.EVENT_MAX_DEPTH)
+    except bounded_json.JsonRefused as exc:
+        raise EventRefused(exc.reason, f"the payload {exc.message}") from None
+    if not isinstance(data, dict):
+        raise EventRefused("bad_shape", "the payload is not a JSON object")
+    kind = data.get("kind")
+    if kind == "run":
+        _same_keys(data, RUN_KEYS)
+        return LedgerEvent("run", run_id=_uuid(data["run_id"]), worker=_worker(data["worker"], workers),
+                           status=_status(data["status"]), cancel=_cancel(data["cancel"]))
+    if kind == "runner":
+        _same_keys(data, RUNNER_KEYS)
+        return LedgerEvent("runner", runner_id=_uuid(data["runner_id"]))
+    raise EventRefused("unknown_kind", "the kind is not run or runner")
+
+
+def _same_keys(data: dict[str, Any], keys: frozenset[str]) -> None:
+    if set(data) != keys:
+        raise EventRefused("bad_shape", f"the keys are not {', '.join(sorted(keys))}")
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    """Only the canonical form PostgreSQL writes (no braces, urn: or bare hex), so an id is one string."""
+    if not isinstance(value, str) or len(value) != 36:
+        raise EventRefused("bad_uuid", "an id is not a UUID")
+    try:
+        parsed = uuid.UUID(value)
+    except ValueError:
+        raise EventRefused("bad_uuid", "an id is not a UUID") from None
+    if str(parsed) != value.lower():
+        raise EventRefused("bad_uuid", "an id is not a UUID in its canonical form")
+    return parsed
+
+
+def _worker(value: Any, workers: Collection[str] | None) -> str:
+    if not isinstance(value, str) or not value or len(value) > WORKER_NAME_MAX:
+        raise EventRefused("bad_worker", "the worker is not a worker name")
+    if workers is not None and value not in workers:
+        raise EventRefused("bad_worker", "the worker is not one of the catalogue")
+    return value
+
+
+def _status(value: Any) -> str:
+    if value not in RUN_STATUSES:
+        raise EventRefused("bad_status", "the status is not a run status")
+    return str(value)
+
+
+def _cancel(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise EventRefused("bad_cancel", "cancel is not a boolean")
+    return value
 
 
 def conninfo_for(engine: Engine, **extra: Any) -> str:
@@ -100,9 +166,13 @@ class LedgerListener:
     """A LISTEN connection driven by its owner's loop: ``fileno()`` to wait on, ``due_at()`` for the
     next moment ``step()`` must run even if nothing is readable, ``step()`` to advance and read."""
 
-    def __init__(self, conninfo: str, *, name: str = "listener") -> None:
+    def __init__(self, conninfo: str, *, name: str = "listener", workers: Collection[str] | None = None,
+                 on_drop: Callable[[str], None] | None = None) -> None:
         self._conninfo = conninfo.encode()
         self.name = name
+        self.workers = frozenset(workers) if workers is not None else None
+        self.on_drop = on_drop  # called with the reason of each dropped notification (the API's counter)
+        self.dropped = 0
         self._pg: PGconn | None = None
         self.state = "down"  # down | resolving | connecting | subscribing | listening
         self._resolving: dict[str, Any] | None = None  # the helper thread's answer box
@@ -241,7 +311,7 @@ class LedgerListener:
             events.append(RESYNC)
         self._more = False
         while (note := pg.notifies()) is not None:
-            event = parse_payload(note.extra.decode("utf-8", errors="replace"))
+            event = self._parse(note.extra)
             if event is not None:
                 events.append(event)
             if len(events) >= MAX_EVENTS_PER_STEP:
@@ -250,6 +320,19 @@ class LedgerListener:
         if pg.status == pq.ConnStatus.BAD:
             raise ConnectionError(self._error_message())
         return events
+
+    def _parse(self, payload: bytes) -> LedgerEvent | None:
+        """One notification as an event, or None: dropped with one log line (and ``on_drop``)."""
+        try:
+            return parse_payload(payload, self.workers)
+        except EventRefused as exc:
+            self.dropped += 1
+            # What was wrong, never the payload itself (anyone may send it: no markup or noise in the log).
+            log.warning("%s: dropped a notification on %s (%d bytes): %s (%s)", self.name, LEDGER_CHANNEL,
+                        len(payload), exc.message, exc.reason)
+            if self.on_drop is not None:
+                self.on_drop(exc.reason)
+            return None
 
     def _subscribed(self, pg: PGconn) -> None:
         """The LISTEN's answer has arrived: listening from now on (or the LISTEN failed)."""

@@ -3,7 +3,7 @@
 import { h, replace, announce } from '../dom.js';
 import * as api from '../api.js';
 import { field, showErrors } from '../forms.js';
-import { timeEl, duration, shortId } from '../format.js';
+import { timeEl, duration, shortId, plural } from '../format.js';
 import { items } from '../model.js';
 
 const REFUSED = 'refused: ';
@@ -36,7 +36,7 @@ export function mount(main, route, ctx) {
   function render() {
     const enabled = schedules.filter((s) => s.enabled).length;
     const quarantined = schedules.filter((s) => s.quarantined).length;
-    summary.textContent = `${schedules.length} schedules · ${enabled} enabled${quarantined ? ` · ${quarantined} quarantined` : ''} · one per worker`;
+    summary.textContent = `${plural(schedules.length, 'schedule')} · ${enabled} enabled${quarantined ? ` · ${quarantined} quarantined` : ''} · one per worker`;
     if (!schedules.length) {
       replace(tableBox, h('p.muted', ctx.canOperate() ? 'No schedule yet: add one below.' : 'No schedule yet.'));
       return;

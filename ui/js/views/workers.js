@@ -7,7 +7,7 @@ import { h, replace, announce, dl } from '../dom.js';
 import * as api from '../api.js';
 import { field, showErrors } from '../forms.js';
 import { optionFields, readOptions } from '../options.js';
-import { timeEl, duration, number, shortId } from '../format.js';
+import { timeEl, duration, number, shortId, plural } from '../format.js';
 import {
   items, normaliseWorker, workerState, STATE_LABEL, statusBadge, progressOf, etaText,
   queuedReasonText, activityOf, setupLabel,
@@ -55,7 +55,7 @@ export function mount(main, _route, ctx) {
     if (!workers.length) replace(grid, h('p.card.empty', 'No worker is installed.'));
     const running = workers.filter((w) => w.active?.status === 'RUNNING').length;
     const queued = workers.filter((w) => w.active?.status === 'QUEUED').length;
-    summary.textContent = `${workers.length} workers · ${running} running · ${queued} queued`;
+    summary.textContent = `${plural(workers.length, 'worker')} · ${running} running · ${queued} queued`;
     return activityOf(workers.map((w) => w.active?.status).filter(Boolean));
   }
 
@@ -66,8 +66,9 @@ export function mount(main, _route, ctx) {
     const form = ctx.canOperate() ? buildForm(w) : null;
     const el = h('article.card.worker', { role: 'listitem', 'aria-labelledby': titleId, dataset: { worker: w.name } },
       h('div.worker-head',
-        h('div', h('h2', { id: titleId }, w.label), h('div.name', w.name)),
+        h('div', h('h2', { id: titleId }, h('a', { href: workerHref(w.name) }, w.label)), h('div.name', w.name)),
         h('div.worker-head-side', badge,
+          h('a.small', { href: workerHref(w.name), 'aria-label': `Trend of ${w.label}` }, 'Trend'),
           h('a.small', { href: settingsHref(w.name), 'aria-label': `Settings of ${w.label}` }, 'Settings'))),
       w.description ? h('p.desc', w.description) : null,
       status,
@@ -313,6 +314,10 @@ export function mount(main, _route, ctx) {
   }
 
   return { title: 'Workers', refresh };
+}
+
+function workerHref(name) {
+  return `#/workers/${encodeURIComponent(name)}`;
 }
 
 function settingsHref(name) {
