@@ -33,6 +33,7 @@ system-deps:
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
 	command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
+	{ command -v pgbouncer || test -x /usr/sbin/pgbouncer; } >/dev/null 2>&1 || missing="$$missing pgbouncer"; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

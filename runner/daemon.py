@@ -183,8 +183,11 @@ def _wakeup(options: RunnerOptions, engine: Any, capabilities: list[str], settin
     from runner.wakeup import Wakeup
     from scrinalia.db.engine import connect_args_for
 
-    args = connect_args_for(settings, "scrinalia-runner-listen")
-    return Wakeup.for_engine(engine, capabilities, **args)
+    direct = settings.runner_session_url() if settings is not None else None
+    args = connect_args_for(settings, "scrinalia-runner-listen", direct.url if direct is not None else None)
+    if direct is not None:
+        log.info("listening for notifications on RUNNER_DATABASE_SESSION_URL / DATABASE_SESSION_URL (%s)", direct)
+    return Wakeup.for_engine(engine, capabilities, url=direct.url if direct is not None else None, **args)
 
 
 def _log_devices(options: RunnerOptions, planner: Any, nvml_devices: list[dict[str, Any]]) -> None:

@@ -34,6 +34,10 @@ STATUS_FIELDS: dict[str, str] = {
                 "last_heartbeat_age_seconds: seconds since the last renewed heartbeat, "
                 "statements: protocol statements sent since start, by step (heartbeat, claim, "
                 "expire_leases, record_start, finish, ...)}",
+    "notifications": "{state: hears (the LISTEN is up and a probe came back: the poll is a safety net)|deaf "
+                     "(a NOTIFY to itself never came back, e.g. through PgBouncer in transaction mode: "
+                     "claiming every --poll)|connecting|down|off (--no-listen), error: the last LISTEN "
+                     "error or null, reconnects}",
     "lease_margin_seconds": "seconds left on the lease of the last heartbeat (the children are killed at "
                             "fence_margin_seconds), or null before the first heartbeat",
     "fence_margin_seconds": "the margin at which the supervisor self-fences",
@@ -77,6 +81,7 @@ def supervisor_status(sup: Any) -> dict[str, Any]:
             if sup.lease.last_ok is not None else None,
             "statements": dict(sup.db.statements),
         },
+        "notifications": _notifications(sup.services.wakeup),
         "lease_margin_seconds": round(margin, 3) if margin != float("inf") else None,
         "fence_margin_seconds": round(sup.options.fence_margin, 3),
         "heartbeat_seconds": sup.options.heartbeat_seconds,
@@ -91,6 +96,13 @@ def supervisor_status(sup: Any) -> dict[str, Any]:
     }
     assert set(snapshot) == set(STATUS_FIELDS)
     return snapshot
+
+
+def _notifications(wakeup: Any) -> dict[str, Any]:
+    """The LISTEN's state (runner.wakeup.Wakeup.state), or ``off`` without one."""
+    if wakeup is None:
+        return {"state": "off", "error": None, "reconnects": 0}
+    return dict(wakeup.state())
 
 
 def _bytes(value: Any) -> str:
@@ -152,6 +164,8 @@ def _header_lines(status: dict[str, Any]) -> list[str]:
         f"  database {db['state']}" + (f" ({db['error']})" if db["error"] else "")
         + (f"  last heartbeat {age:.1f}s ago" if age is not None else "")
         + (f"  lease margin {margin:.1f}s" if margin is not None else ""),
+        f"  notifications {status['notifications']['state']}"
+        + ("  (they do not arrive: claiming every --poll)" if status["notifications"]["state"] == "deaf" else ""),
         f"  {len(status['children'])}/{status['concurrency']} busy  capabilities {','.join(status['capabilities'])}"
         f"  launcher {status['launcher'].get('start_method')}",
         "  counters " + " ".join(f"{k}={v}" for k, v in status["counters"].items()),

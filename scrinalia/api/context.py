@@ -44,8 +44,10 @@ class AppContext:
         from scrinalia.api.events import EventHub
         from scrinalia.db.engine import connect_args_for
 
-        return EventHub.for_engine(self.engine, workers=frozenset(self.catalogue),
-                                   **connect_args_for(self.settings, "scrinalia-api-events"))
+        direct = self.settings.session_url() if self.settings is not None else None
+        url = direct.url if direct is not None else None
+        return EventHub.for_engine(self.engine, url=url, workers=frozenset(self.catalogue),
+                                   **connect_args_for(self.settings, "scrinalia-api-events", url))
 
     @cached_property
     def stream_sessions(self) -> SessionWatch:

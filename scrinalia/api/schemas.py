@@ -330,6 +330,9 @@ class HealthOut(BaseModel):
     database: Literal["ok", "unreachable"]
     schema_state: Literal["current", "behind", "ahead_or_unknown", "unknown"] = Field(alias="schema")
     version: str
+    #: The live panel's LISTEN: hears | deaf (notifications do not arrive, e.g. through PgBouncer in
+    #: transaction mode: the panel polls) | connecting | idle (no stream open). Not part of "status".
+    notifications: Literal["hears", "deaf", "connecting", "idle"] = "idle"
 
 
 # --- schedules ---

@@ -24,6 +24,19 @@ def command() -> None:
     """Schedules and the scheduler process (exactly one is active; others stand by)."""
 
 
+def _leader_engine():
+    """The leader lock's own session on DATABASE_SESSION_URL (past a transaction pooler), or None."""
+    from scrinalia.db.engine import create_engine_from_url
+    from scrinalia.scheduler.service import SESSION_BOUNDS
+
+    settings = get_settings()
+    direct = settings.session_url()
+    if direct is None:
+        return None
+    return create_engine_from_url(direct, settings=settings, application_name="scrinalia-scheduler-leader",
+                                  pool_size=1, max_overflow=0, connect_args=dict(SESSION_BOUNDS))
+
+
 @command.command("run")
 @click.option("--interval", default=5.0, show_default=True, help="Seconds between ticks.")
 def run(interval: float) -> None:
@@ -40,7 +53,8 @@ def run(interval: float) -> None:
         signal.signal(sig, lambda *_: stop.set())
     if _schema_checked(engine, interval, stop):
         Scheduler(engine, quarantine_after=get_settings().scheduler_quarantine_after,
-                  samples_retention_days=get_settings().run_samples_retention_days).serve(interval, stop)
+                  samples_retention_days=get_settings().run_samples_retention_days,
+                  leader_engine=_leader_engine()).serve(interval, stop)
 
 
 def _schema_checked(engine, interval: float, stop: threading.Event) -> bool:

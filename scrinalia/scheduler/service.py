@@ -3,6 +3,12 @@
 Every scheduler holds a dedicated connection and tries ``pg_try_advisory_lock`` on each tick; the one
 that holds it is the leader and ticks, the others stand by. If the leader dies, its connection closes,
 PostgreSQL releases the lock, and a standby takes over on its next tick.
+
+The lock is a session's, so it needs a session of its own: behind a transaction pooler (PgBouncer in
+transaction mode) the leader connection goes to ``DATABASE_SESSION_URL`` (``leader_engine``). Without
+one, a pooler shows itself when the lock's session changes under the same connection (its backend pid
+differs between ticks): the scheduler then says so, once, and stops leading rather than lead beside
+another (decision 0122).
 """
 from __future__ import annotations
 
@@ -49,25 +55,32 @@ class TickReport:
 class Scheduler:
     def __init__(self, engine: Engine, catalogue: Catalogue | None = None, *,
                  quarantine_after: int = DEFAULT_AFTER,
-                 samples_retention_days: int = charts.DEFAULT_SAMPLES_RETENTION_DAYS) -> None:
+                 samples_retention_days: int = charts.DEFAULT_SAMPLES_RETENTION_DAYS,
+                 leader_engine: Engine | None = None) -> None:
         """``catalogue``: the workers a tick validates against (default: the installed plugins, the
         runners' own catalogue). ``quarantine_after``: chains in a row that ended FAILED the same way
         before a schedule is quarantined (``SCHEDULER_QUARANTINE_AFTER``; 0: never).
         ``samples_retention_days``: how long the runs' chart samples are kept (RUN_SAMPLES_RETENTION_DAYS);
-        each tick deletes a bounded batch of older ones."""
+        each tick deletes a bounded batch of older ones. ``leader_engine``: where the leader lock's session
+        is opened (a direct connection past a pooler; default ``engine``)."""
         if catalogue is None:
             from scrinalia.domains.archive.workers.plugins import load_catalogue
 
             catalogue = load_catalogue()
         self.engine = engine
+        self.leader_engine = leader_engine if leader_engine is not None else engine
         self.catalogue = catalogue
         self.quarantine_after = quarantine_after
         self.samples_retention_days = samples_retention_days
         self._leader_conn: psycopg.Connection | None = None
+        self._leader_pid: int | None = None  # the backend that holds the lock
+        self.pooled = False                  # the lock's session changed under us: a transaction pooler
 
     def _hold_leadership(self) -> bool:
+        if self.pooled:
+            return False
         if self._leader_conn is None:
-            pooled = self.engine.raw_connection()
+            pooled = self.leader_engine.raw_connection()
             # Detached from the pool: closing it really ends the session, and with it the lock. A
             # pooled connection would carry the lock back into the pool.
             driver = pooled.driver_connection
@@ -77,13 +90,23 @@ class Scheduler:
             self._leader_conn = driver
         try:
             with self._leader_conn.cursor() as cur:
-                cur.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK_KEY,))
+                cur.execute("SELECT pg_try_advisory_lock(%s), pg_backend_pid()", (LEADER_LOCK_KEY,))
                 answer = cur.fetchone()
-                held = answer is not None and answer[0]
+                held = answer is not None and bool(answer[0])
         except Exception:
             self.release()
             raise
-        return bool(held)
+        if answer is not None and self._leader_pid not in (None, answer[1]):
+            log.error("scheduler: the leader lock's session changed under its connection (backend %s, then %s): "
+                      "a transaction pooler is in the way, and a session lock means nothing through it; not "
+                      "leading. Set DATABASE_SESSION_URL to a direct connection (docs/install.md, "
+                      "\"PgBouncer and managed PostgreSQL\")", self._leader_pid, answer[1])
+            self.pooled = True
+            self.release()
+            return False
+        if answer is not None and self._leader_pid is None:
+            self._leader_pid = answer[1]  # this connection's session: it must stay the same one
+        return held
 
     def release(self) -> None:
         if self._leader_conn is not None:
@@ -96,6 +119,7 @@ class Scheduler:
             finally:
                 self._leader_conn.close()
                 self._leader_conn = None
+                self._leader_pid = None
 
     def tick(self) -> TickReport:
         if not self._hold_leadership():

@@ -28,11 +28,13 @@ router = APIRouter(tags=["health"])
 
 def health(request: Request) -> JSONResponse:
     version = __version__
+    notifications = ctx(request).events.notifications()
     try:
         _, revision = views.db_clock(ctx(request).engine)
     except Exception as exc:  # the class only: a driver message may name the host
         log.warning("healthz: database unreachable (%s)", type(exc).__name__)
-        body = {"status": "degraded", "database": "unreachable", "schema": "unknown", "version": version}
+        body = {"status": "degraded", "database": "unreachable", "schema": "unknown", "version": version,
+                "notifications": notifications}
         return JSONResponse(body, status_code=503)
     if revision == migrate.head_revision():
         schema = "current"
@@ -44,7 +46,7 @@ def health(request: Request) -> JSONResponse:
         except Exception:  # the migrations cannot be read: the database's revision is unknown
             schema = "ahead_or_unknown"
     status = "ok" if schema == "current" else "degraded"
-    body = {"status": status, "database": "ok", "schema": schema, "version": version}
+    body = {"status": status, "database": "ok", "schema": schema, "version": version, "notifications": notifications}
     return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
 
