@@ -105,29 +105,33 @@ class Probe:
 
 
 def probe_notification(engine: Engine, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
-    """Send a NOTIFY on one connection and wait for it on another that LISTENs (bounded by ``timeout_s``).
+    """Send a NOTIFY on a pooled connection and wait for it (bounded by ``timeout_s``) on a connection of
+    its own that LISTENs, detached from the pool and closed after: its subscription ends with its session,
+    so nothing that listens goes back into the pool.
 
     The path is the one every notification of the ledger takes (the server's notification queue, then
-    the listener's socket), so a database that is slow to deliver notifications shows here."""
+    the listener's socket), so a database that is slow to deliver notifications shows here. Behind a
+    transaction pooler the API needs DATABASE_SESSION_URL for its relay's LISTEN anyway; the probe's
+    LISTEN then goes through the pooler and is reported lost (``scrinalia_notification_probe_ok`` 0)."""
     token = secrets.token_hex(8)
-    with engine.connect() as listen_conn, engine.connect() as notify_conn:
-        listen_conn = listen_conn.execution_options(isolation_level="AUTOCOMMIT")
-        notify_conn = notify_conn.execution_options(isolation_level="AUTOCOMMIT")
-        driver = listen_conn.connection.driver_connection
-        assert driver is not None, "a checked-out connection has a driver connection"
-        listen_conn.exec_driver_sql(f"LISTEN {PROBE_CHANNEL}")
-        try:
-            started = time.monotonic()
+    pooled = engine.raw_connection()
+    driver = pooled.driver_connection
+    assert driver is not None, "a checked-out connection has a driver connection"
+    pooled.detach()
+    try:
+        driver.autocommit = True
+        driver.execute(f"LISTEN {PROBE_CHANNEL}")
+        started = time.monotonic()
+        with one_statement(engine) as notify_conn:
             notify_conn.execute(_NOTIFY, {"channel": PROBE_CHANNEL, "payload": token})
-            deadline = started + timeout_s
-            while (left := deadline - time.monotonic()) > 0:
-                for note in driver.notifies(timeout=left, stop_after=1):
-                    if note.payload == token:
-                        return Probe(time.monotonic() - started)
-            return Probe(None)
-        finally:
-            # Back to the pool without the subscription (or its undelivered notifications).
-            listen_conn.exec_driver_sql("UNLISTEN *")
+        deadline = started + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            for note in driver.notifies(timeout=left, stop_after=1):
+                if note.payload == token:
+                    return Probe(time.monotonic() - started)
+        return Probe(None)
+    finally:
+        driver.close()
 
 
 class LedgerCollector(Collector):
