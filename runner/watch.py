@@ -26,6 +26,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from scrinalia.domains.archive.run_ids import short_id
+
 #: Seconds of progress the rate is measured over (long enough to smooth a batch, short enough to follow).
 RATE_WINDOW_S = 10.0
 
@@ -214,11 +216,6 @@ def _duration(seconds: Any) -> str:
 WIDE_COLUMNS = 140
 
 
-def short_run_id(run_id: str) -> str:
-    """The short form the panel and the process titles show (its first 8 hexadecimal digits)."""
-    return run_id.replace("-", "")[:8]
-
-
 def _children_table(children: list[ChildView], rates: RateTracker, *, wide: bool) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     columns = (["WORKER", "RUN"] + (["PID", "PHASE"] if wide else [])
@@ -232,7 +229,7 @@ def _children_table(children: list[ChildView], rates: RateTracker, *, wide: bool
                else None)
         phase = c.phase + (" (cancel)" if c.cancel_requested else "")
         worker = c.worker if wide or phase == "running" else f"{c.worker} ({phase})"
-        cells = ([worker, c.run_id if wide else short_run_id(c.run_id)]
+        cells = ([worker, c.run_id if wide else short_id(c.run_id)]
                  + ([str(c.pid or "-"), phase] if wide else [])
                  + [_duration(c.elapsed_s), _progress(c, with_unit=wide),
                     f"{rate:.1f}/s" if rate is not None else "-", _duration(eta),

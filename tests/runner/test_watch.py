@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from scrinalia.domains.archive.run_ids import short_id
 from tests.runner.conftest import ROOT, RUNNER, enqueue, wait_for, wait_status
 
 pytestmark = pytest.mark.slow
@@ -52,8 +53,8 @@ def tmux():
 
 
 def _row(screen: str, run_id: str) -> str | None:
-    """The run's row: its whole id on a wide terminal, its short id (8 digits) on an 80-column one."""
-    short = run_id.replace("-", "")[:8]
+    """The run's row: its whole id on a wide terminal, its short id (run_ids.short_id) on an 80-column one."""
+    short = short_id(run_id)
     return next((line for line in screen.splitlines() if run_id in line or f" {short} " in line), None)
 
 
