@@ -162,10 +162,21 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
               help="A control socket (default: every *.sock of this session's runtime directory and of "
                    "/run/scrinalia-runner, the systemd runner's).")
 @click.option("--name", default=None, help="The local runner with this --name.")
-def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, name: str | None) -> None:
+@click.option("--watch", "watch_", is_flag=True,
+              help="A live view, redrawn every --interval seconds: children with progress, rate, ETA, memory and "
+                   "lease, and the runner's database state; q quits.")
+@click.option("--interval", type=click.FloatRange(0.2, 60), default=1.0, show_default=True,
+              help="Seconds between redraws of --watch.")
+def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, name: str | None, watch_: bool,
+                   interval: float) -> None:
     """Show the local supervisor's children (over its control socket), or the registry with --all."""
     from runner import status
 
+    if watch_:
+        if as_json:
+            raise click.UsageError("--watch draws a live view; it does not go with --json")
+        _watch(all_runners, socket_path, name, interval)
+        return
     if all_runners:
         rows = _registry_rows()
         click.echo(status.dumps([status.runner_row_json(r) for r in rows]) if as_json else status.render_registry(rows))
@@ -177,17 +188,39 @@ def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, n
         click.echo("\n\n".join(status.render_status(a) for a in answers))
 
 
-def _registry_rows() -> list[Any]:
+def _watch(all_runners: bool, socket_path: Path | None, name: str | None, interval: float) -> None:
+    from runner import control, watch
+
+    if not all_runners:
+        answers = _local_answers(socket_path, name)  # fails now, as status does, when nobody answers
+        paths = ([socket_path] if socket_path is not None else [opts.default_socket_path(name)] if name is not None
+                 else _sockets_in(opts.status_dirs())[0])
+        title = ", ".join(str(a.get("name")) for a in answers)
+        watch.watch(watch.local_source(paths, control.query), title=f"runner {title}", interval=interval)
+        return
+    engine = _status_engine()
+    try:
+        watch.watch(watch.registry_source(engine), title="every live runner (registry)", interval=interval)
+    finally:
+        engine.dispose()
+
+
+def _status_engine() -> Any:
     from scrinalia.db.engine import runner_engine
-    from scrinalia.db.errors import database_errors, database_problem
-    from scrinalia.domains.archive import registry
 
     settings = _settings()
     try:
-        engine = runner_engine(settings, application_name="scrinalia-runner-status", connect_args={
+        return runner_engine(settings, application_name="scrinalia-runner-status", connect_args={
             "connect_timeout": 5, "options": "-c statement_timeout=10000 -c lock_timeout=5000"})
     except Exception as exc:
         _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+
+
+def _registry_rows() -> list[Any]:
+    from scrinalia.db.errors import database_errors, database_problem
+    from scrinalia.domains.archive import registry
+
+    engine = _status_engine()
     try:
         return registry.list_runners(engine)
     except database_errors() as exc:  # one line, never a traceback (exit 5)

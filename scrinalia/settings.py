@@ -230,6 +230,10 @@ class Settings(DatabaseTls):
     db_pool_size: int = Field(default=5, ge=1, le=100)
     db_pool_max_overflow: int = Field(default=10, ge=0, le=200)
     db_pool_timeout: float = Field(default=30.0, gt=0, le=600)
+    scheduler_quarantine_after: int = Field(
+        default=3, ge=0, le=100,
+        description="Retry chains in a row that ended FAILED with one fingerprint before the scheduler "
+                    "quarantines the schedule (0: never)")
     run_samples_retention_days: int = Field(
         default=14, ge=1, le=3650,
         description="Days a run's chart samples are kept (the scheduler prunes older ones)")

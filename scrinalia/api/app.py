@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.routing import APIRoute
 from sqlalchemy import Engine
 
+from scrinalia import bundled
 from scrinalia.api import catalogue_view, errors
 from scrinalia.api.context import AppContext
 from scrinalia.api.middleware import BoundedJsonBodies, SecurityHeaders, trusted_proxies
@@ -32,7 +33,6 @@ from scrinalia.settings import Settings, get_settings
 
 API_PREFIX = "/api/v1"
 SYSTEM_PREFIX = f"{API_PREFIX}/system"
-DEFAULT_UI_DIR = Path(__file__).resolve().parents[2] / "ui"
 
 log = logging.getLogger("scrinalia.api")
 
@@ -106,7 +106,7 @@ def create_app(
     assert_system_routes_guarded(app)
 
     # The panel's static files, registered last so every API route wins over a file of the same path.
-    directory = Path(ui_dir or api.ui_dir or DEFAULT_UI_DIR)
+    directory = Path(ui_dir or api.ui_dir or bundled.ui_dir())
     if directory.is_dir():
         from fastapi.staticfiles import StaticFiles
 

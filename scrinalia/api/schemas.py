@@ -217,6 +217,16 @@ class WorkerSettingsView(BaseModel):
     effective: dict[str, Any]
 
 
+class Quarantine(BaseModel):
+    """A schedule's crash-loop quarantine (decision 0165)."""
+
+    schedule_id: int
+    quarantined_at: str
+    reason: str | None
+    fingerprint: str | None = Field(description="The error fingerprint the last chains ended with")
+    run_id: str | None = Field(description="The last failed run")
+
+
 class WorkerOut(Open):
     name: str
     label: str
@@ -231,6 +241,8 @@ class WorkerOut(Open):
     last_run: RunOut | None
     runners: list[dict[str, Any]] = Field(description="Online runners that advertise this worker")
     queued_reason: QueuedReason | None = Field(description="For a QUEUED active run: why it is not running yet")
+    quarantine: Quarantine | None = Field(default=None, description="The worker's schedule is quarantined "
+                                                                  "for a crash loop (resume it on Schedules)")
 
 
 class WorkersOut(BaseModel):
@@ -350,6 +362,11 @@ class ScheduleOut(BaseModel):
     last_outcome: str | None = Field(description="enqueued; skipped-busy when the worker's slot was taken; "
                                                  "refused: <field>: <why> when its request no longer validates "
                                                  "(no run written)")
+    quarantined: bool = Field(default=False, description="Paused by the scheduler for a crash loop: its last N "
+                                                         "retry chains ended FAILED with one fingerprint")
+    quarantine: Quarantine | None = Field(default=None, description="Why it is quarantined (null when it is not)")
+    quarantine_resumed_at: str | None = None
+    quarantine_resumed_by: str | None = None
 
 
 class SchedulesOut(BaseModel):

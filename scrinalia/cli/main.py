@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "api": "scrinalia.cli.api",
     "scheduler": "scrinalia.cli.scheduler",
     "runs": "scrinalia.cli.runs",
+    "install-units": "scrinalia.cli.install_units",
 }
 
 

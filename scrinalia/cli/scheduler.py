@@ -40,7 +40,7 @@ def _leader_engine():
 @command.command("run")
 @click.option("--interval", default=5.0, show_default=True, help="Seconds between ticks.")
 def run(interval: float) -> None:
-    """Run the scheduler until SIGTERM/SIGINT.
+    """Run the scheduler until SIGTERM/SIGINT (SCHEDULER_QUARANTINE_AFTER: the crash-loop threshold).
 
     Refuses to start on a schema that is not its bundled head: exit 4 when it is behind (migrate first),
     7 when a newer release migrated it (upgrade this scheduler)."""
@@ -52,7 +52,8 @@ def run(interval: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if _schema_checked(engine, interval, stop):
-        Scheduler(engine, samples_retention_days=get_settings().run_samples_retention_days,
+        Scheduler(engine, quarantine_after=get_settings().scheduler_quarantine_after,
+                  samples_retention_days=get_settings().run_samples_retention_days,
                   leader_engine=_leader_engine()).serve(interval, stop)
 
 
@@ -108,10 +109,13 @@ def list_() -> None:
     from scrinalia.scheduler.schedules import list_schedules
 
     for s in list_schedules(_engine()):
-        state = "enabled" if s.enabled else "disabled"
+        state = ("quarantined" if s.quarantined else "enabled" if s.enabled else "disabled")
         click.echo(f"{s.id}\t{s.worker_name}\tevery {s.interval_seconds}s\t{state}"
                    f"\tnext {s.next_run_at:%Y-%m-%d %H:%M:%S}"
                    f"\tlast {s.last_outcome or '-'}")
+        if s.quarantined:
+            click.echo(f"\t{s.quarantine_reason}; fingerprint {s.quarantine_fingerprint!r}; "
+                       f"last run {s.quarantine_run_id}; resume: scrinalia scheduler resume {s.id}")
 
 
 def _set_enabled(schedule_id: int, enabled: bool) -> None:
@@ -145,3 +149,18 @@ def remove(schedule_id: int) -> None:
     if not delete_schedule(_engine(), schedule_id):
         raise click.UsageError(f"no schedule {schedule_id}")
     click.echo(f"schedule {schedule_id} removed")
+
+
+@command.command("resume")
+@click.argument("schedule_id", type=int)
+@click.option("--by", "by", default=None, help="Who resumes it (recorded on the schedule).")
+def resume(schedule_id: int, by: str | None) -> None:
+    """Lift the crash-loop quarantine of a schedule and enable it again (exit 2 when it is not quarantined)."""
+    from scrinalia.scheduler import quarantine
+
+    try:
+        if not quarantine.resume(_engine(), schedule_id, by=by or "cli"):
+            raise click.UsageError(f"no schedule {schedule_id}")
+    except quarantine.NotQuarantined as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"schedule {schedule_id} resumed")

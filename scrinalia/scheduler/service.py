@@ -23,6 +23,7 @@ from sqlalchemy import Engine
 from scrinalia.db.errors import database_errors, database_problem
 from scrinalia.domains.archive import charts, ledger
 from scrinalia.domains.archive.workers.validation import Catalogue
+from scrinalia.scheduler.quarantine import DEFAULT_AFTER, Quarantine, quarantine_crash_loops
 from scrinalia.scheduler.retry import Retry, retry_failed_scheduled_runs
 from scrinalia.scheduler.schedules import TickOutcome, fire_due_schedules
 
@@ -46,18 +47,22 @@ class TickReport:
     leader: bool
     fired: list[TickOutcome] = field(default_factory=list)
     retries: list[Retry] = field(default_factory=list)
+    quarantined: list[Quarantine] = field(default_factory=list)
     expired: int = 0
     pruned_samples: int = 0
 
 
 class Scheduler:
     def __init__(self, engine: Engine, catalogue: Catalogue | None = None, *,
+                 quarantine_after: int = DEFAULT_AFTER,
                  samples_retention_days: int = charts.DEFAULT_SAMPLES_RETENTION_DAYS,
                  leader_engine: Engine | None = None) -> None:
         """``catalogue``: the workers a tick validates against (default: the installed plugins, the
-        runners' own catalogue). ``samples_retention_days``: how long the runs' chart samples are kept
-        (RUN_SAMPLES_RETENTION_DAYS); each tick deletes a bounded batch of older ones. ``leader_engine``:
-        where the leader lock's session is opened (a direct connection past a pooler; default ``engine``)."""
+        runners' own catalogue). ``quarantine_after``: chains in a row that ended FAILED the same way
+        before a schedule is quarantined (``SCHEDULER_QUARANTINE_AFTER``; 0: never).
+        ``samples_retention_days``: how long the runs' chart samples are kept (RUN_SAMPLES_RETENTION_DAYS);
+        each tick deletes a bounded batch of older ones. ``leader_engine``: where the leader lock's session
+        is opened (a direct connection past a pooler; default ``engine``)."""
         if catalogue is None:
             from scrinalia.domains.archive.workers.plugins import load_catalogue
 
@@ -65,6 +70,7 @@ class Scheduler:
         self.engine = engine
         self.leader_engine = leader_engine if leader_engine is not None else engine
         self.catalogue = catalogue
+        self.quarantine_after = quarantine_after
         self.samples_retention_days = samples_retention_days
         self._leader_conn: psycopg.Connection | None = None
         self._leader_pid: int | None = None  # the backend that holds the lock
@@ -122,10 +128,16 @@ class Scheduler:
         # Expiring leases here too lets retries of crashed scheduled runs proceed with no runner online.
         report.expired = len(ledger.expire_leases(self.engine))
         report.retries = retry_failed_scheduled_runs(self.engine)
+        # After the retries (a chain that is still being retried has not ended) and before the firing
+        # (a quarantined schedule fires no new chain).
+        report.quarantined = quarantine_crash_loops(self.engine, self.quarantine_after)
         report.fired = fire_due_schedules(self.engine, self.catalogue)
         report.pruned_samples = charts.prune_samples(self.engine, self.samples_retention_days)
         for item in report.fired:
             log.info("schedule %s (%s): %s %s", item.schedule_id, item.worker_name, item.outcome, item.run_id or "")
+        for q in report.quarantined:
+            log.warning("schedule %s (%s) quarantined: %s; fingerprint %r, last run %s", q.schedule_id,
+                        q.worker_name, q.reason, q.fingerprint, q.run_id)
         for retry in report.retries:
             log.info("retry of %s (%s): attempt %s as %s", retry.retry_of, retry.worker_name, retry.attempt,
                      retry.run_id)

@@ -1,4 +1,4 @@
-"""GET /healthz (no session, no secrets) and GET /metrics (Prometheus text, from the database).
+"""GET /healthz (no session, no secrets) and GET /metrics (Prometheus text from the database: api.metrics).
 
 /metrics names every runner and worker and the archive's size, so it is not anonymous: a scraper sends
 ``Authorization: Bearer <API_METRICS_TOKEN>`` (compared in constant time), or an ADMIN session reads it.
@@ -10,10 +10,11 @@ import logging
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
 
 from scrinalia import __version__
+from scrinalia.api import metrics as metrics_module
 from scrinalia.api import views
 from scrinalia.api.context import ctx
 from scrinalia.api.errors import forbidden, not_found, unauthenticated
@@ -77,7 +78,5 @@ def metrics(
             raise unauthenticated()
         if principal.user.role != OPERATE_ROLE or principal.user.must_change_password:
             raise forbidden("the metrics need the scrape token (API_METRICS_TOKEN) or an ADMIN session")
-    from scrinalia.api.metrics import exposition
-
-    return PlainTextResponse(views.metrics_text(c.engine, c.catalogue, c.counts) + exposition(),
-                             media_type="text/plain; version=0.0.4; charset=utf-8")
+    registry = metrics_module.build_registry(c.engine, c.catalogue, c.counts)
+    return Response(metrics_module.exposition(registry), media_type="text/plain; version=0.0.4; charset=utf-8")

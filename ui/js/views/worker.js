@@ -13,6 +13,7 @@ export function mount(main, route, ctx) {
   const heading = h('h1', name);
   const sub = h('p');
   const errorBox = h('div');
+  const quarantineBox = h('div');
   const perHour = runsPerHourChart();
   const durations = durationsChart();
   const totals = h('p.small.chart-totals', { 'aria-live': 'off' });
@@ -28,6 +29,7 @@ export function mount(main, route, ctx) {
         h('a', { href: `#/workers/${encodeURIComponent(name)}/settings` }, 'Settings'),
         h('a', { href: '#/workers' }, 'All workers'))),
     errorBox,
+    quarantineBox,
     h('section.card.section.charts', { 'aria-labelledby': 'trend-h' },
       h('div.chart-head', h('h2#trend-h', 'Trend'), switcher),
       totals,
@@ -57,6 +59,14 @@ export function mount(main, route, ctx) {
     replace(sub, h('span.badge', { class: state === 'failed' ? 'failed' : state }, STATE_LABEL[state]), ' ',
       h('span.mono.small', w.name),
       w.active ? h('span', ' · ', statusBadge(w.active.status), ' ', h('a', { href: `#/runs/${w.active.run_id}` }, 'the active run')) : null);
+    // The worker's schedule paused by the scheduler for a crash loop (decision 0165).
+    const q = w.quarantine;
+    quarantineBox.dataset.quarantined = q ? 'true' : 'false';
+    replace(quarantineBox, q ? h('div.notice.bad.quarantine', { role: 'note' },
+      h('span.badge.quarantined', 'schedule quarantined'), ' ', q.reason || 'crash loop', ' ',
+      q.fingerprint ? h('a.mono', { href: `#/runs?fingerprint=${encodeURIComponent(q.fingerprint)}` }, q.fingerprint) : null,
+      ' · ', h('a', { href: `#/schedules?schedule=${q.schedule_id}` }, ctx.canOperate() ? 'Resume it on Schedules' : 'See Schedules'))
+      : null);
     perHour.update(trend);
     durations.update(trend);
     const sum = (key) => trend.buckets.reduce((s, b) => s + (b[key] || 0), 0);

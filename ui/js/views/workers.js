@@ -91,7 +91,9 @@ export function mount(main, _route, ctx) {
       submit.title = w.active ? 'A run is active: wait for it to end, or cancel it' : '';
     }
     card.el.dataset.needs = w.setupError ? setupLabel(w.setupError) : '';
+    card.el.dataset.quarantined = w.quarantine ? 'true' : 'false';
     replace(card.status,
+      w.quarantine ? quarantineNote(w) : null,
       w.setupError ? h('div.notice.warn.small.needs-setup', { role: 'note' },
         h('strong', `${w.label} ${setupLabel(w.setupError)}: `), w.setupError.message || w.setupError.field, ' ',
         h('a', { href: settingsHref(w.name) }, 'Open its settings')) : null,
@@ -107,6 +109,16 @@ export function mount(main, _route, ctx) {
         ['Last run', lastRun(w.last)],
         ['Runners', runnersText(w)],
       ]));
+  }
+
+  // The worker's schedule was paused by the scheduler: its last retry chains failed the same way.
+  function quarantineNote(w) {
+    const q = w.quarantine;
+    return h('div.notice.bad.small.quarantine', { role: 'note' },
+      h('span.badge.quarantined', 'schedule quarantined'), ' ',
+      q.reason || 'crash loop', ' ',
+      q.fingerprint ? h('a.mono', { href: `#/runs?fingerprint=${encodeURIComponent(q.fingerprint)}`, title: 'Runs with this error' }, q.fingerprint) : null,
+      ' · ', h('a', { href: `#/schedules?schedule=${q.schedule_id}` }, ctx.canOperate() ? 'Resume it on Schedules' : 'See Schedules'));
   }
 
   function count(value, label, key) {
