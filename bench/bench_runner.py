@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -141,7 +142,6 @@ def crash_latency(url, engine, tmp, samples):
 
 def heartbeat_cost(url, concurrency, ticks):
     """An in-process supervisor (this process never imports torch either), driven tick by tick."""
-    from runner import supervisor as supervisor_module
     from runner.database import child_connect_args, parent_engine, registration
     from runner.forkserver import ForkServerLauncher
     from runner.options import RunnerOptions
@@ -157,8 +157,6 @@ def heartbeat_cost(url, concurrency, ticks):
     statements: list[str] = []
     event.listen(engine, "before_cursor_execute", lambda conn, cur, stmt, *a: statements.append(stmt))
     beats: list[tuple[int, int]] = []  # (statements in this tick's heartbeat call, rows renewed)
-    original = supervisor_module.ledger.heartbeat
-
     def counted(*args, **kwargs):
         before = len(statements)
         result = original(*args, **kwargs)
@@ -169,27 +167,29 @@ def heartbeat_cost(url, concurrency, ticks):
                      launcher=ForkServerLauncher(()), registration=registration(options, workers, kind="daemon",
                                                                                  schema_revision=None),
                      install_signals=False)
-    supervisor_module.ledger.heartbeat = counted
+    port = cast(Any, sup.db.ledger)
+    original = port.heartbeat
+    port.heartbeat = counted  # the port's statement, counted (the SQL is the ledger module's)
     try:
         sup.open()
         for worker in workers:
             ledger.enqueue(engine, worker, {})
-        sup._heartbeat()
+        sup.heartbeat.beat()
         deadline = time.monotonic() + 120
         while sum(1 for c in sup.children.values() if c.phase == "running") < concurrency:
-            sup._tick()
+            sup.tick()
             if time.monotonic() > deadline:
                 raise RuntimeError("children did not start")
         beats.clear()
         start = len(statements)
         while len(beats) < ticks:
-            sup._tick()
+            sup.tick()
         window = statements[start:]
-        sup._stop_now("bench done")
+        sup.drain.stop_now("bench done")
         while not sup._done():
-            sup._tick()
+            sup.tick()
     finally:
-        supervisor_module.ledger.heartbeat = original
+        port.heartbeat = original
         sup.close()
         engine.dispose()
     per_tick = sorted({n for n, _ in beats})

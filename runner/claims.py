@@ -1,31 +1,42 @@
-"""The poll phase: claim while a slot is free, and start each claimed run (decision 0090).
+"""Claiming and starting runs: phase ``poll`` (``Poll``) and phase ``unstarted`` (``Starts``).
 
-Per claimed run, in this order: resolve its request (``spec.resolve``, here, once: resolvers import no
-engine, and this process never imports torch), write the fenced ``record_start`` (the row says what
-runs before any worker code does), then start its child, whose assignment carries the resolved config.
-A request that does not resolve ends FAILED ``configuration`` with no child; a database that does not
-answer keeps the run *unstarted* (its lease is renewed by the heartbeat) until a later tick.
+Per claimed run, in this order (decision 0090): resolve its request (``spec.resolve``, here, once:
+resolvers import no engine, and this process never imports torch), write the fenced ``record_start``
+(the row says what runs before any worker code does), then start its child, whose assignment carries
+the resolved config. A request that does not resolve ends FAILED ``configuration`` with no child; a
+database that does not answer keeps the run *unstarted* (its lease is renewed by the heartbeat) until a
+later tick; a launcher that does not start the child (a stopped or restarting fork server) keeps it
+*waiting for the launcher*: no worker code ran, so the run is not failed, it is spawned again when the
+launcher answers (decision 0136).
 """
 from __future__ import annotations
 
 import logging
 import os
 import socket
-import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from runner import procinfo, wire
+from runner import wire
 from runner.children import Child
 from runner.devices import Placement, child_env
-from runner.ledger_link import DatabaseDown
-from runner.loop_state import SupervisorBase
+from runner.drain import Drain
+from runner.finisher import Finisher
+from runner.launchers import Launcher, LauncherNotReady
+from runner.lease import Lease
+from runner.ledger_link import DatabaseDown, LedgerLink
+from runner.loop_state import ChildSetup, Services
 from runner.outcome import format_error
+from runner.ports import Clock, Processes
+from runner.tending import Children, Sampler
+from runner.timings import SPAWN_WAIT_MIN, Timings
 from scrinalia.db.engine import ServerFacts
-from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.ledger import WorkerRun
-from scrinalia.domains.archive.worker_settings import get_settings
 from scrinalia.domains.archive.workers.sdk import DatabaseLayer, PersistedSettings, ResolvedConfig
 
 log = logging.getLogger("scrinalia.runner")
@@ -35,84 +46,98 @@ class ConfigurationError(Exception):
     """The claimed run's request does not resolve here: FAILED ``configuration``, never retried."""
 
 
-class Claims(SupervisorBase):
-    def _may_claim(self) -> bool:
-        return (
-            not self.drain.draining
-            and not self.lease.fenced
-            and self.db.ok
-            and self.launcher.healthy()
-            and not self.launcher.stalled  # a spawn unanswered, or restarting (decision 0112)
-            and len(self.children) + len(self.unstarted) < self.options.concurrency
-        )
+@dataclass(slots=True)
+class Waiting:
+    """A claimed run whose child the launcher did not start: resolved, ``record_start`` written."""
 
-    def _phase_poll(self) -> None:
-        if self.mode != "daemon" or time.monotonic() < self.timers.poll:
+    run: WorkerRun
+    resolved: ResolvedConfig
+    claimed_at: float
+
+
+class Starts:
+    """Phase ``unstarted``: the claimed runs without a child yet, and how a run gets its child."""
+
+    name = "unstarted"
+
+    def __init__(self, clock: Clock, timings: Timings, db: LedgerLink, runner_id: uuid.UUID, launcher: Launcher,
+                 processes: Processes, finisher: Finisher, children: Children, lease: Lease, drain: Drain,
+                 services: Services, setup: ChildSetup, engine: Engine | None) -> None:
+        self.clock = clock
+        self.timings = timings
+        self.db = db
+        self.runner_id = runner_id
+        self.launcher = launcher
+        self.processes = processes
+        self.finisher = finisher
+        self.children = children
+        self.lease = lease
+        self.drain = drain
+        self.services = services
+        self.setup = setup
+        self.engine = engine  # what ``spec.resolve`` and ``ServerFacts`` read (None: the simulator's catalogue)
+        self.unstarted: dict[uuid.UUID, tuple[WorkerRun, float]] = {}  # resolve/record_start wait for the database
+        self.waiting: dict[uuid.UUID, Waiting] = {}  # the launcher did not start their child
+
+    @property
+    def count(self) -> int:
+        return len(self.unstarted) + len(self.waiting)
+
+    def run(self) -> None:
+        """Retry the runs whose resolution or record_start met a database that did not answer, and the
+        spawns the launcher did not answer once it answers again."""
+        if self.db.ok:
+            for run, claimed_at in list(self.unstarted.values()):
+                del self.unstarted[run.run_id]
+                self.begin(run, claimed_at)
+        for wait in list(self.waiting.values()):
+            if self._launcher_ready() and self.db.ok and not self.lease.fenced:
+                del self.waiting[wait.run.run_id]
+                self._retry_spawn(wait)
+        if self.waiting and self.drain.draining and self.drain.deadline is not None \
+                and self.clock.monotonic() >= self.drain.deadline:
+            for wait in list(self.waiting.values()):
+                del self.waiting[wait.run.run_id]
+                self.finisher.not_started(wait.run, "the launcher did not start its child before the runner stopped")
+
+    def due(self) -> list[float]:
+        moments = [self.clock.monotonic()] if self.unstarted and self.db.ok else []
+        if self.waiting and self.drain.draining and self.drain.deadline is not None:
+            moments.append(self.drain.deadline)
+        return moments
+
+    def _retry_spawn(self, wait: Waiting) -> None:
+        """The launcher answers again: the run is spawned if it is still ours. ``record_start`` again (the
+        same fields: idempotent) is the fenced check, since the lease may have passed meanwhile."""
+        try:
+            held = self.db.call("record_start", self.db.ledger.record_start, wait.run.run_id, self.runner_id,
+                                **_record_start_fields(wait.resolved))
+        except DatabaseDown:
+            self.waiting[wait.run.run_id] = wait
             return
-        self.timers.poll = time.monotonic() + self._poll_interval()
-        if self.db.unreachable:
-            return  # the heartbeat's retry is the probe: our own rows are renewed before anything expires
-        if time.monotonic() >= self.timers.expiry:
-            self._expire_leases()
-        if self.services.devices is not None and self.services.devices.devices and self.children:
-            self._sample_resources()  # the memory rule reads what the children use now
-        self._claim_while_free()
-
-    def _claim_while_free(self) -> None:
-        """One claim per free slot, each one statement; the first empty answer ends the round."""
-        while self._may_claim():
-            capabilities = self._claimable()
-            if not capabilities:
-                return  # every device slot is taken and no CPU-only worker is claimable
-            try:
-                run = self.db.call("claim", ledger.claim_next, self.runner_id, capabilities,
-                                   self.options.lease_seconds)
-            except DatabaseDown:
-                return
-            if run is None:
-                return
-            self.finisher.counters["claimed"] += 1
-            self._begin(run, time.monotonic())
-
-    # --- devices ---------------------------------------------------------------------------------------
-
-    def _placements(self) -> list[Placement]:
-        return [Placement(c.device.key, c.gpu_need_bytes, c.resources.gpu_bytes) for c in self.children.values()
-                if c.device is not None]
-
-    def device_status(self) -> list[dict[str, Any]]:
-        """The owned devices, each with its slots and the children on it (``status``)."""
-        devices = self.services.devices
-        if devices is None:
-            return []
-        on: dict[str, list[int]] = {}
-        for c in self.children.values():
-            if c.device is not None:
-                on.setdefault(c.device.key, []).append(c.pid)
-        return [{**d.describe(), "memory_total_bytes": d.memory_total_bytes, "slots": devices.per_device,
-                 "children": on.get(d.key, [])} for d in devices.devices]
-
-    def _claimable(self) -> list[str]:
-        """The capability list of the next claim: the device rule (``runner.devices``) decides which
-        workers a free slot (and the free GPU memory) allows now; the claim stays one statement."""
-        if self.services.devices is None:
-            return self.capabilities
-        return self.services.devices.claimable(self.capabilities, self._placements())
-
-    # --- one claimed run: resolve, record_start, child -------------------------------------------------
-
-    def _phase_unstarted(self) -> None:
-        """Retry the runs whose resolution or record_start met a database that did not answer."""
-        if not self.db.ok:
+        if not held:
+            self.finisher.lost(wait.run, "its row was not ours any more when the launcher answered; no child")
             return
-        for run, claimed_at in list(self.unstarted.values()):
-            del self.unstarted[run.run_id]
-            self._begin(run, claimed_at)
+        self._spawn(wait.run, wait.resolved, wait.claimed_at)
 
-    def _begin(self, run: WorkerRun, claimed_at: float) -> Child | None:
+    def _launcher_ready(self) -> bool:
+        return self.launcher.healthy() and not self.launcher.stalled
+
+    def held(self, held: Mapping[uuid.UUID, Any]) -> None:
+        """The heartbeat's answer: a claimed run it did not renew is not ours any more."""
+        for run_id, (run, _) in list(self.unstarted.items()):
+            if run_id not in held:
+                del self.unstarted[run_id]
+                self.finisher.lost(run, "its row was not renewed before its child started")
+        for run_id, wait in list(self.waiting.items()):
+            if run_id not in held:
+                del self.waiting[run_id]
+                self.finisher.lost(wait.run, "its row was not renewed while its child waited for the launcher")
+
+    def begin(self, run: WorkerRun, claimed_at: float) -> Child | None:
         try:
             resolved = self._resolve(run)
-            held = self.db.call("record_start", ledger.record_start, run.run_id, self.runner_id,
+            held = self.db.call("record_start", self.db.ledger.record_start, run.run_id, self.runner_id,
                                 **_record_start_fields(resolved))
         except DatabaseDown:
             self.unstarted[run.run_id] = (run, claimed_at)
@@ -137,10 +162,10 @@ class Claims(SupervisorBase):
         layer = None
         if spec.resolver is None and spec.engine_source != "llm_check_rule":
             # The settings on the warm connection, so the resolver reads nothing more (decision 0074).
-            row = self.db.call("settings", get_settings, run.worker_name)
+            row = self.db.call("settings", self.db.ledger.worker_settings, run.worker_name)
             layer = DatabaseLayer(settings={run.worker_name: PersistedSettings.from_row(row)})
         try:
-            resolved: ResolvedConfig = spec.resolve(self.db.engine, run.request or {}, layer=layer)
+            resolved: ResolvedConfig = spec.resolve(self.engine, run.request or {}, layer=layer)
         except SQLAlchemyError as exc:
             self.db.failed("resolve", exc)
             raise DatabaseDown("resolve") from None
@@ -148,19 +173,28 @@ class Claims(SupervisorBase):
             raise ConfigurationError(format_error(exc)) from None
         return resolved
 
+    def placements(self) -> list[Placement]:
+        return [Placement(c.device.key, c.gpu_need_bytes, c.resources.gpu_bytes) for c in self.children.values()
+                if c.device is not None]
+
     def _spawn(self, run: WorkerRun, resolved: ResolvedConfig, claimed_at: float) -> Child | None:
         devices = self.services.devices
-        device = devices.place(run.worker_name, self._placements()) if devices is not None else None
+        device = devices.place(run.worker_name, self.placements()) if devices is not None else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         try:
             # A stopped fork server must not hold the loop: its answer is waited for until the fence point.
-            wait = max(0.02, self._bounded_wait(self.options.spawn_seconds))
+            wait = max(SPAWN_WAIT_MIN, self.lease.bounded_wait(self.timings.spawn_seconds))
             pid = self.launcher.spawn(theirs.fileno(), out_w, timeout=wait)
         except Exception as exc:
             ours.close()
             os.close(out_r)
-            self.finisher.start_failed(run, exc)
+            if isinstance(exc, LauncherNotReady):
+                log.warning("run %s (%s): %s; it waits for the launcher (no worker code ran)",
+                            run.run_id, run.worker_name, exc)
+                self.waiting[run.run_id] = Waiting(run, resolved, claimed_at)
+            else:
+                self.finisher.start_failed(run, exc)
             return None
         finally:
             theirs.close()
@@ -169,7 +203,7 @@ class Claims(SupervisorBase):
         child = Child(run=run, pid=pid, channel=ours, output_fd=out_r, claimed_at=claimed_at, device=device,
                       gpu_need_bytes=devices.need(run.worker_name).memory_bytes
                       if devices is not None and device is not None else None)
-        child.resources.oom_kills_at_start = procinfo.oom_kill_counter()
+        child.resources.oom_kills_at_start = self.processes.oom_kill_counter()
         self.children[pid] = child
         try:
             wire.send(ours, "assign", self._assignment(run, resolved, device))
@@ -181,7 +215,7 @@ class Claims(SupervisorBase):
         return child
 
     def _assignment(self, run: WorkerRun, resolved: ResolvedConfig, device: Any) -> dict[str, Any]:
-        facts = ServerFacts.of(self.db.engine)
+        facts = ServerFacts.of(self.engine) if self.engine is not None else None
         return {
             "run": run,
             "config": resolved,  # already written by record_start: the child runs exactly this
@@ -192,6 +226,116 @@ class Claims(SupervisorBase):
             "server_facts": facts.to_json() if facts is not None else None,
             "preload": list(self.launcher.child_preload),
         }
+
+
+class Poll:
+    """Phase ``poll``: ``expire_leases`` on its cadence, then one claim per free slot."""
+
+    name = "poll"
+
+    def __init__(self, clock: Clock, timings: Timings, db: LedgerLink, runner_id: uuid.UUID,
+                 capabilities: list[str], concurrency: int, launcher: Launcher, children: Children,
+                 starts: Starts, lease: Lease, drain: Drain, finisher: Finisher, services: Services,
+                 sampler: Sampler, daemon: bool) -> None:
+        self.clock = clock
+        self.timings = timings
+        self.db = db
+        self.runner_id = runner_id
+        self.capabilities = capabilities
+        self.concurrency = concurrency
+        self.launcher = launcher
+        self.children = children
+        self.starts = starts
+        self.lease = lease
+        self.drain = drain
+        self.finisher = finisher
+        self.services = services
+        self.sampler = sampler
+        self.daemon = daemon  # the one-shot CLI claims nothing
+        self.next_at = 0.0
+        self.next_expiry = 0.0
+
+    def may_claim(self) -> bool:
+        return (
+            not self.drain.draining
+            and not self.lease.fenced
+            and self.db.ok
+            and self.launcher.healthy()
+            and not self.launcher.stalled  # a spawn unanswered, or restarting (decision 0112)
+            and len(self.children) + self.starts.count < self.concurrency
+        )
+
+    def claim_now(self) -> None:
+        self.next_at = min(self.next_at, self.clock.monotonic())
+
+    def interval(self) -> float:
+        """While the LISTEN is up the poll is only the safety net (``Timings.listening_poll``); without
+        the LISTEN: --poll."""
+        wakeup = self.services.wakeup
+        if wakeup is not None and wakeup.listening:
+            return self.timings.listening_poll()
+        return self.timings.poll
+
+    def due(self) -> list[float]:
+        return [self.next_at] if self.daemon and not self.drain.draining else []
+
+    def run(self) -> None:
+        now = self.clock.monotonic()
+        if not self.daemon or now < self.next_at:
+            return
+        self.next_at = now + self.interval()
+        if self.db.unreachable:
+            return  # the heartbeat's retry is the probe: our own rows are renewed before anything expires
+        if now >= self.next_expiry:
+            self.expire_leases()
+        if self.services.devices is not None and self.services.devices.devices and self.children:
+            self.sampler.sample()  # the memory rule reads what the children use now
+        self._claim_while_free()
+
+    def expire_leases(self) -> None:
+        self.next_expiry = self.clock.monotonic() + self.timings.expiry_seconds
+        try:
+            expired = self.db.call("expire_leases", self.db.ledger.expire_leases)
+        except DatabaseDown:
+            return
+        for run in expired:
+            log.warning("run %s (%s) of runner %s: lease expired -> INTERRUPTED", run.run_id,
+                        run.worker_name, run.runner_id)
+
+    def _claim_while_free(self) -> None:
+        """One claim per free slot, each one statement; the first empty answer ends the round."""
+        while self.may_claim():
+            capabilities = self._claimable()
+            if not capabilities:
+                return  # every device slot is taken and no CPU-only worker is claimable
+            try:
+                run = self.db.call("claim", self.db.ledger.claim_next, self.runner_id, capabilities,
+                                   self.timings.lease)
+            except DatabaseDown:
+                return
+            if run is None:
+                return
+            self.finisher.counters["claimed"] += 1
+            self.starts.begin(run, self.clock.monotonic())
+
+    def _claimable(self) -> list[str]:
+        """The capability list of the next claim: the device rule (``runner.devices``) decides which
+        workers a free slot (and the free GPU memory) allows now; the claim stays one statement."""
+        if self.services.devices is None:
+            return self.capabilities
+        return self.services.devices.claimable(self.capabilities, self.starts.placements())
+
+    def device_status(self) -> list[dict[str, Any]]:
+        """The owned devices, each with its slots and the children on it (``status``)."""
+        devices = self.services.devices
+        if devices is None:
+            return []
+        on: dict[str, list[int]] = {}
+        for c in self.children.values():
+            if c.device is not None:
+                on.setdefault(c.device.key, []).append(c.pid)
+        return [{**d.describe(), "memory_total_bytes": d.memory_total_bytes, "slots": devices.per_device,
+                 "children": on.get(d.key, [])} for d in devices.devices]
 
 
 def _record_start_fields(resolved: ResolvedConfig) -> dict[str, Any]:

@@ -19,22 +19,20 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from runner import procinfo
 from runner.ledger_link import DatabaseDown, LedgerLink, brief
-from runner.options import RunnerOptions
 from runner.outcome import STALLED, Outcome, decide, fit_error
+from runner.ports import Clock, Processes
 from runner.run_state import Action
 from scrinalia.db.tables import ExitReason
-from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.ledger import WorkerRun
 
 if TYPE_CHECKING:
     from runner.children import Child
+    from runner.timings import Timings
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -43,11 +41,18 @@ LEASE_LOST = "LeaseLost: the run's lease was lost"
 
 
 class Finisher:
-    def __init__(self, db: LedgerLink, runner_id: uuid.UUID, options: RunnerOptions, start_method: str) -> None:
+    """Also phase ``finishes``: the writes the database did not take, retried while it answers."""
+
+    name = "finishes"
+
+    def __init__(self, clock: Clock, db: LedgerLink, runner_id: uuid.UUID, timings: Timings, start_method: str,
+                 processes: Processes) -> None:
+        self.clock = clock
         self.db = db
         self.runner_id = runner_id
-        self.options = options
+        self.timings = timings
         self.start_method = start_method
+        self.processes = processes
         self.pending: list[tuple[WorkerRun, Outcome]] = []
         self.abandoned: dict[uuid.UUID, tuple[WorkerRun, str]] = {}
         self.finished: dict[uuid.UUID, WorkerRun | None] = {}
@@ -85,14 +90,14 @@ class Finisher:
         """``outcome.decide`` over what the child's state machine recorded, plus the run's metrics."""
         state, ex = child.state, child.state.exit
         assert ex is not None
-        opts = self.options
+        opts = self.timings
         out = decide(
             worker=child.run.worker_name, exit=ex, result=state.result, kill_reason=state.kill_reason,
             signals_sent=state.signals_sent,
             # a stalled child's stack (faulthandler, every thread) is longer than a crash's last lines
             stderr_tail=child.output.tail_text(200 if state.kill_reason == STALLED else 25),
             oom_kills_before=child.resources.oom_kills_at_start,
-            oom_kills_after=procinfo.oom_kill_counter() if ex.signal == signal.SIGKILL else None,
+            oom_kills_after=self.processes.oom_kill_counter() if ex.signal == signal.SIGKILL else None,
             max_runtime=opts.max_runtime, cancel_grace=opts.cancel_grace, drain_timeout=opts.drain_timeout,
         )
         if out.progress is None:
@@ -112,7 +117,7 @@ class Finisher:
             metrics["device"] = child.device.describe()
         if child.state.ready_at is not None:
             metrics["child_ready_ms"] = round((child.state.ready_at - child.claimed_at) * 1000, 1)
-        metrics["wall_seconds"] = round(time.monotonic() - child.claimed_at, 3)
+        metrics["wall_seconds"] = round(self.clock.monotonic() - child.claimed_at, 3)
         metrics["start_method"] = self.start_method
 
     def configuration_failed(self, run: WorkerRun, error: str) -> None:
@@ -124,6 +129,13 @@ class Finisher:
         log.error("run %s (%s): could not start a child: %s", run.run_id, run.worker_name, brief(exc))
         self.write(run, Outcome(status="FAILED", exit_reason=ExitReason.EXCEPTION,
                                 error=fit_error(f"ChildStartFailed: {type(exc).__name__}: {exc}")))
+
+    def not_started(self, run: WorkerRun, why: str) -> None:
+        """A claimed run whose child the launcher never started, and the runner stops: INTERRUPTED
+        ``runner-stopped`` (no worker code ran; a scheduled run is retried, decision 0136)."""
+        log.warning("run %s (%s): %s -> INTERRUPTED", run.run_id, run.worker_name, why)
+        self.write(run, Outcome(status="INTERRUPTED", exit_reason=ExitReason.RUNNER_STOPPED,
+                                error=fit_error(f"NotStarted: {why}; no worker code ran")))
 
     def lost(self, run: WorkerRun, why: str) -> None:
         """A run that is not ours any more: counted, nothing written."""
@@ -143,6 +155,13 @@ class Finisher:
                 log.warning("run %s (%s) lost: not held any more (expired, or taken by another runner); "
                             "nothing written", run_id, run.worker_name)
 
+    def run(self) -> None:
+        if self.db.ok:
+            self.retry()
+
+    def due(self) -> list[float]:
+        return [self.clock.monotonic()] if self.pending and self.db.ok else []
+
     def retry(self) -> None:
         pending, self.pending = self.pending, []
         for run, outcome in pending:
@@ -154,7 +173,7 @@ class Finisher:
         """``ledger.finish``, fenced; the database down: pending, retried on a later tick."""
         try:
             row = self.db.call(
-                "finish", ledger.finish, run.run_id, self.runner_id, outcome.status,
+                "finish", self.db.ledger.finish, run.run_id, self.runner_id, outcome.status,
                 error=outcome.error, exit_code=outcome.exit_code, exit_signal=outcome.exit_signal,
                 exit_reason=str(outcome.exit_reason) if outcome.exit_reason is not None else None,
                 progress=outcome.progress, metrics=outcome.metrics or None, result=outcome.result,

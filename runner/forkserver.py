@@ -36,15 +36,20 @@ import time
 from typing import Any
 
 from runner import procinfo
-from runner.launchers import ChildExit
+from runner.launchers import ChildExit, LauncherNotReady
 
 log = logging.getLogger("scrinalia.runner.forkserver")
 
 MAX_PACKET = 1 << 16
+READY_TIMEOUT = 120.0  # seconds a fork server may take to preload before it counts as failed
 
 
 class ForkServerError(RuntimeError):
     pass
+
+
+class ForkServerNotAnswering(ForkServerError, LauncherNotReady):
+    """The fork server did not run the spawn (stopped, dead, restarting): no worker code ran for it."""
 
 
 # --- the server (its own process: python -m runner.forkserver) -------------------------------------
@@ -196,7 +201,7 @@ class ForkServerLauncher:
     child_preload: tuple[str, ...] = ()  # the fork server preloaded already
 
     def __init__(self, preload: tuple[str, ...], *, title: str = "scrinalia-runner: fork server",
-                 env: dict[str, str] | None = None, ready_timeout: float = 120.0) -> None:
+                 env: dict[str, str] | None = None, ready_timeout: float = READY_TIMEOUT) -> None:
         self.preload = preload
         self.title = title
         self.env = env
@@ -308,9 +313,9 @@ class ForkServerLauncher:
         this request finds no assignment and exits at once), ``stalled`` stays true and nothing more is
         asked of it until its late answer arrives. The loop is never held longer than ``timeout``."""
         if self.link is None or self._dead:
-            raise ForkServerError("the fork server is not running")
+            raise ForkServerNotAnswering("the fork server is not running")
         if self._unanswered:
-            raise ForkServerError("the fork server has not answered an earlier spawn request (stalled)")
+            raise ForkServerNotAnswering("the fork server has not answered an earlier spawn request (stalled)")
         self._token += 1
         token = self._token
         wait = 30.0 if timeout is None else max(0.0, timeout)
@@ -319,7 +324,7 @@ class ForkServerLauncher:
             # Non-blocking: a stopped server's full socket buffer must not hold the loop either.
             socket.send_fds(self.link, [pickle.dumps(("spawn", token))], [channel_fd, output_fd])
         except BlockingIOError:
-            raise ForkServerError("the fork server does not take spawn requests (its socket is full)") from None
+            raise ForkServerNotAnswering("the fork server does not take spawn requests (its socket is full)") from None
         return self._await_spawned(token, deadline, wait)
 
     def _await_spawned(self, token: int, deadline: float, wait: float) -> int:
@@ -328,9 +333,9 @@ class ForkServerLauncher:
             message = self._recv(max(0.0, deadline - time.monotonic()))
             if message is None:
                 if self._dead:
-                    raise ForkServerError("the fork server died during a spawn request")
+                    raise ForkServerNotAnswering("the fork server died during a spawn request")
                 self._unanswered.add(token)
-                raise ForkServerError(f"the fork server did not answer a spawn request within {wait:.3g} s")
+                raise ForkServerNotAnswering(f"the fork server did not answer a spawn request within {wait:.3g} s")
             if message[0] == "spawned" and message[1] == token:
                 return int(message[2])
             self._handle(message)

@@ -48,6 +48,11 @@ class ChildExit:
         return f"exited with code {self.exit_code}"
 
 
+class LauncherNotReady(Exception):
+    """The launcher did not start the child (a stopped, dead or restarting fork server): no worker code
+    ran, so the run is not failed; the supervisor spawns it again when the launcher answers (decision 0136)."""
+
+
 def signal_name(sig: int) -> str:
     try:
         return signal.Signals(sig).name
@@ -66,7 +71,9 @@ class Launcher(Protocol):
         """A spawn request is unanswered (a stopped fork server): the supervisor claims nothing meanwhile."""
         ...
 
-    def spawn(self, channel_fd: int, output_fd: int, timeout: float | None = None) -> int: ...
+    def spawn(self, channel_fd: int, output_fd: int, timeout: float | None = None) -> int:
+        """The child's pid. Raises ``LauncherNotReady`` when no child was started for the request."""
+        ...
 
     def wait_fds(self) -> list[int]: ...
 

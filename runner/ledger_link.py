@@ -1,5 +1,9 @@
 """The supervisor's side of the ledger: every protocol statement it sends goes through ``LedgerLink.call``.
 
+``ledger`` is the ledger port (``runner.ledger_port.LedgerPort``): ``runner.pg_ledger.PostgresLedger`` in
+production, the in-memory ledger in the simulator; callers name the statement they send, e.g.
+``db.call("claim", db.ledger.claim_next, runner_id, capabilities, lease)``.
+
 A database error never kills the loop: ``call`` records the failure (``state``: blocked, unreachable or
 error, named by ``classify_database_error`` (decision 0103); the error's class for ``status``) and raises
 ``DatabaseDown``; the caller leaves what it was doing for a later tick.
@@ -16,10 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from runner import bounded
+from runner.ledger_port import LedgerPort
 from scrinalia.db.errors import classify_database_error, describe_database_error
 
 log = logging.getLogger("scrinalia.runner")
@@ -31,7 +34,7 @@ class DatabaseDown(Exception):
 
 @dataclass(eq=False)
 class LedgerLink:
-    engine: Engine
+    ledger: LedgerPort
     state: str = "unknown"       # ok | blocked | unreachable | error | unknown (nothing sent yet)
     error: str | None = None     # the last error's class
     statements: dict[str, int] = field(default_factory=dict)
@@ -47,16 +50,26 @@ class LedgerLink:
         return self.state == "unreachable"
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(engine, *args, **kwargs)``, one protocol step named ``what``. Raises ``DatabaseDown``."""
+        """``fn(*args, **kwargs)`` (a method of ``ledger``), one protocol step named ``what``. Raises
+        ``DatabaseDown``."""
         self.fence_check()  # no step starts past the fence point with live children
         self.statements[what] = self.statements.get(what, 0) + 1
         try:
-            with bounded.until(self.engine, self.fence_point()):  # nor outlives it (runner.bounded)
-                result = fn(self.engine, *args, **kwargs)
+            with self.ledger.bounded(self.fence_point()):  # nor outlives it (runner.bounded)
+                result = fn(*args, **kwargs)
         except SQLAlchemyError as exc:
             self.fence_check()
             self.failed(what, exc)
             raise DatabaseDown(what) from None
+        self.answered(what)
+        return result
+
+    def send(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Like ``call``, but a failure propagates (the registration at start: a database that does not
+        answer then is the daemon's exit code, not a retry)."""
+        self.statements[what] = self.statements.get(what, 0) + 1
+        with self.ledger.bounded(self.fence_point()):
+            result = fn(*args, **kwargs)
         self.answered(what)
         return result
 

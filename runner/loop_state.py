@@ -1,67 +1,36 @@
-"""The supervisor's own state, in small groups: what each phase of its loop reads and writes.
+"""What the phases of the supervisor's loop share: the phase interface, and the small state groups.
 
-``SupervisorBase`` declares the attributes that the phases (``runner.claims``, ``runner.lease``,
-``runner.tending`` and ``runner.supervisor``) share; the ``Supervisor`` sets them in ``__init__``.
+Each phase (``runner.supervisor.Supervisor.phases``) is an object that owns its own state and receives
+its collaborators explicitly; the loop calls ``run`` on each, in the order of one explicit list, and
+sleeps until the earliest moment any of them says it is ``due`` (decision 0130).
 """
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from runner.launchers import Launcher
-from runner.ledger_link import LedgerLink
-from runner.options import RunnerOptions
-from scrinalia.domains.archive import registry
-from scrinalia.domains.archive.ledger import WorkerRun
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from runner.children import Child
     from runner.devices import DevicePlanner
-    from runner.finisher import Finisher
-    from runner.run_state import Effect
-    from runner.signals import SignalPipe
 
 MAX_SELECT_WAIT = 1.0
 PROGRESS_INTERVAL = 0.5  # seconds between two progress statements: the panel sees progress within ~1 s
+NO_PIDFD_POLL = 0.1      # the loop's longest wait while children live and the kernel has no pidfd
 
 
-@dataclass(slots=True)
-class Timers:
-    """When each periodic phase is next due (CLOCK_MONOTONIC)."""
+class Phase(Protocol):
+    """One step of the loop (gunicorn's arbiter; River's maintenance services' ``runOnce``)."""
 
-    heartbeat: float = 0.0
-    poll: float = 0.0
-    expiry: float = 0.0
-    watchdog: float = 0.0
-    progress: float = 0.0
+    name: str
 
-    def now_for(self, name: str) -> None:
-        """Bring ``name`` forward to now (a slot freed, a run abandoned, a notification arrived)."""
-        setattr(self, name, min(getattr(self, name), time.monotonic()))
+    def run(self) -> None:
+        """Do what is due now (nothing, most ticks)."""
+        ...
 
-
-@dataclass(slots=True)
-class LeaseState:
-    """What the last heartbeat said about this runner's lease."""
-
-    deadline: float | None = None            # CLOCK_MONOTONIC: the lease ends (conservative by the round trip)
-    last_ok: float | None = None
-    fenced: bool = False                     # the lease could not be renewed in time: no claims
-    last_children: list[dict[str, Any]] | None = None  # the registry's snapshot, as last written
-
-    def margin(self) -> float:
-        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
-
-
-@dataclass(slots=True)
-class DrainState:
-    draining: bool = False
-    reason: str | None = None
-    deadline: float | None = None
-    interrupts: int = 0                      # the one-shot CLI's Ctrl-C count
+    def due(self) -> Iterable[float]:
+        """The CLOCK_MONOTONIC moments at which ``run`` has something to do (empty: only on an event)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -71,7 +40,7 @@ class Services:
     notifier: Any = None                     # runner.sdnotify.Notifier
     gpu: Any = None                          # runner.devices.GpuProbe
     devices: DevicePlanner | None = None     # None (the one-shot CLI): the child sees what the shell sees
-    control: Any = None                      # runner.control.ControlServer
+    control: Any = None                      # runner.ports.ControlPort (runner.control.ControlServer)
     wakeup: Any = None                       # runner.wakeup.Wakeup (None: poll only)
     on_progress: Callable[[Child], None] | None = None
 
@@ -87,90 +56,5 @@ class ChildSetup:
 
 @dataclass(slots=True)
 class Uptime:
-    wall: float = field(default_factory=time.time)
-    mono: float = field(default_factory=time.monotonic)
-
-
-class SupervisorBase:
-    """The attributes every phase of the loop shares (set by ``Supervisor.__init__``)."""
-
-    options: RunnerOptions
-    mode: str                                # daemon | oneshot
-    launcher: Launcher
-    registration: registry.RunnerRegistration
-    db: LedgerLink
-    finisher: Finisher
-    services: Services
-    setup: ChildSetup
-    children: dict[int, Child]
-    unstarted: dict[uuid.UUID, tuple[WorkerRun, float]]  # claimed; resolve/record_start wait for the database
-    timers: Timers
-    lease: LeaseState
-    drain: DrainState
-    signals: SignalPipe
-    uptime: Uptime
-    exit_code: int
-
-    @property
-    def runner_id(self) -> uuid.UUID:
-        return self.registration.runner_id
-
-    @property
-    def capabilities(self) -> list[str]:
-        return list(self.registration.capabilities)
-
-    # What one phase module calls of another's (the Supervisor inherits them all).
-
-    def _fence_point(self) -> float | None:
-        """When the children must be dead if the lease is not renewed (None: no live child to fence).
-        Every wait of the loop ends by then (decision 0110)."""
-        if self.lease.deadline is None or not any(c.state.alive for c in self.children.values()):
-            return None
-        return self.lease.deadline - self.options.fence_margin
-
-    def _bounded_wait(self, seconds: float) -> float:
-        """``seconds``, clipped to the fence point: how long the loop may wait on anything now."""
-        point = self._fence_point()
-        return seconds if point is None else max(0.0, min(seconds, point - time.monotonic()))
-
-    def begin_drain(self, why: str) -> None:
-        raise NotImplementedError
-
-    def _stop_now(self, why: str) -> None:
-        raise NotImplementedError
-
-    def _sample_resources(self) -> None:
-        raise NotImplementedError
-
-    def _apply(self, child: Child, effects: list[Effect]) -> None:
-        raise NotImplementedError
-
-    def _lose(self, child: Child, why: str) -> None:
-        raise NotImplementedError
-
-    def _request_cancel(self, child: Child, why: str) -> None:
-        raise NotImplementedError
-
-    def _signal(self, child: Child, sig: int, reason: str | None = None) -> None:
-        raise NotImplementedError
-
-    def _may_claim(self) -> bool:
-        raise NotImplementedError
-
-    def _poll_interval(self) -> float:
-        raise NotImplementedError
-
-    def _expire_leases(self) -> None:
-        raise NotImplementedError
-
-    def _heartbeat(self) -> None:
-        raise NotImplementedError
-
-    def _begin(self, run: WorkerRun, claimed_at: float) -> Child | None:
-        raise NotImplementedError
-
-    def _progress_to_write(self) -> dict[uuid.UUID, dict[str, Any]]:
-        raise NotImplementedError
-
-    def _child_deadlines(self, child: Child) -> list[tuple[float, Callable[[], None]]]:
-        raise NotImplementedError
+    wall: float
+    mono: float

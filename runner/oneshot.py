@@ -82,11 +82,11 @@ def run_once(
 
 def _run_in(sup: Supervisor, what: dict[str, Any], on_start: Callable[[WorkerRun], None] | None) -> WorkerRun:
     """Create the RUNNING row under ``sup``'s runner id, run it through ``sup``'s loop, return its final row."""
-    engine = sup.db.engine
+    port = sup.db.ledger
     sup.open()
     try:
-        run = ledger.create_running(
-            engine, what["worker_name"], what["request"], runner_id=sup.runner_id,
+        run = port.create_running(
+            what["worker_name"], what["request"], runner_id=sup.runner_id,
             lease_seconds=what["lease_seconds"], requested_by=what["requested_by"],
         )
         if on_start is not None:
@@ -95,7 +95,7 @@ def _run_in(sup: Supervisor, what: dict[str, Any], on_start: Callable[[WorkerRun
         sup.serve()
         final = sup.finished.get(run.run_id)
         if final is None:
-            final = ledger.get_run(engine, run.run_id)
+            final = port.get_run(run.run_id)
         assert final is not None
         return final
     finally:

@@ -5,6 +5,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.timings import (  # noqa: F401 - the constants' old home
+    CONNECT_MAX,
+    MIN_FENCE_MARGIN,
+    MIN_STATEMENT_SECONDS,
+    SERVER_SHARE,
+    SPAWN_ANSWER_SECONDS,
+    STATEMENT_FLOOR,
+    STATEMENT_MAX,
+    Timings,
+)
+
 # Exit codes of `scrinalia-runner daemon` and `scrinalia-runner run` (docs/operations.md, "Runner").
 EXIT_OK = 0
 EXIT_FAILED = 1            # run: the run ended FAILED (or INTERRUPTED by a lost lease); daemon: crashed
@@ -18,13 +29,6 @@ EXIT_CANCELLED = 130       # run: the run ended CANCELLED (or was interrupted by
 
 DEFAULT_PRELOAD = ("torch", "transformers")
 DEFAULT_STALL_TIMEOUT = 600.0  # a child silent (no message, no CPU) this long is stalled: fits a slow GPU batch
-MIN_FENCE_MARGIN = 0.1       # seconds the self-fence needs between abandoning a statement and the lease end
-MIN_STATEMENT_SECONDS = 0.1  # the shortest statement bound worth sending (one round trip on a loaded host)
-STATEMENT_FLOOR = 2.0        # the bound is at least this much where the lease leaves room for it
-STATEMENT_MAX = 5.0          # and at most this much: the loop (status, the fence) waits on no step longer
-SERVER_SHARE = 0.8  # the server's statement and lock timeouts, as a share of the client's bound
-CONNECT_MAX = 2.0            # a new connection (DNS, TCP, TLS, auth) takes at most this much (libpq's minimum)
-SPAWN_ANSWER_SECONDS = 5.0   # the longest the loop waits for the fork server to answer a spawn
 START_METHODS = ("forkserver", "spawn")
 
 
@@ -96,51 +100,31 @@ class RunnerOptions:
             raise OptionsError(f"--stall-timeout must not be negative (0 turns it off), got {self.stall_timeout:g}")
 
     @property
-    def fence_margin(self) -> float:
-        """Seconds before the lease ends at which the supervisor kills its children if not renewed.
+    def timings(self) -> Timings:
+        """Every time quantity of this runner, derived from its flags in one place (``runner.timings``)."""
+        return Timings.derive(self)
 
-        Half of the smaller of the heartbeat and the slack (lease - heartbeat): a missed heartbeat is
-        retried before, and the children are dead before another runner may expire their rows.
-        """
-        return min(self.heartbeat_seconds, self.lease_seconds - self.heartbeat_seconds) / 2
+    # The derived bounds, by their historical names (``runner.database`` reads them): ``runner.timings``.
+
+    @property
+    def fence_margin(self) -> float:
+        return self.timings.fence_margin
 
     @property
     def statement_seconds(self) -> float:
-        """The client-side bound of one database step of the loop (checkout to checkin, connect included).
-        The server's ``statement_timeout`` and ``lock_timeout`` for the parent's sessions are a share of
-        it (``server_statement_seconds``), so that a server that answers says "blocked" itself before the
-        client abandons the step as "unreachable".
-
-        Derived with the fence margin (decision 0110): a heartbeat that fails at its bound leaves time for
-        one retry before the fence point, ``heartbeat + 2 * bound <= lease - fence_margin``; at least
-        ``STATEMENT_FLOOR`` where that allows, so a loaded server is not cut short; at most
-        ``STATEMENT_MAX``, so a silent network holds the loop (``status``, drains, signals) no longer than
-        that. Every step is also clipped to the fence point by the supervisor, so none ever outlives it,
-        whatever the bound."""
-        room = (self.lease_seconds - self.fence_margin - self.heartbeat_seconds) / 2
-        bound = max(STATEMENT_FLOOR, min(self.heartbeat_seconds, self.lease_seconds / 4))
-        return min(bound, room, STATEMENT_MAX)
+        return self.timings.statement_seconds
 
     @property
     def server_statement_seconds(self) -> float:
-        """The server-side bound of the parent's statements: ``SERVER_SHARE`` of ``statement_seconds``. The
-        server's timeout fires first while it answers (a lock or a slow statement: the truthful
-        "blocked"); the client's bound only acts when it does not (a silent network: "unreachable")."""
-        return self.statement_seconds * SERVER_SHARE
+        return self.timings.server_statement_seconds
 
     @property
     def connect_seconds(self) -> float:
-        """The bound of a new connection (DNS, TCP, TLS, authentication): the statement bound, at most
-        ``CONNECT_MAX``; while the database is away the loop retries with connections only, so this is
-        how long it is held at a time during a partition."""
-        return min(self.statement_seconds, CONNECT_MAX)
+        return self.timings.connect_seconds
 
     @property
     def spawn_seconds(self) -> float:
-        """How long the loop waits for the fork server's answer to a spawn: the fence margin, within 0.5 s
-        (a fork on a loaded host) and ``SPAWN_ANSWER_SECONDS``; the supervisor also clips it to the fence
-        point, so a stopped fork server never holds the heartbeat or the fence back."""
-        return min(SPAWN_ANSWER_SECONDS, max(self.fence_margin, 0.5))
+        return self.timings.spawn_seconds
 
     def _check_fence_timings(self) -> None:
         """Refuse heartbeat/lease pairs under which the self-fence could not keep its promise: the children
@@ -163,10 +147,8 @@ class RunnerOptions:
 
     @property
     def expiry_seconds(self) -> float:
-        """How often a daemon runs ``expire_leases``: a quarter of the lease. A dead runner's rows are
-        then closed at most lease + lease/4 (+ one poll) after its last heartbeat, by any live daemon,
-        instead of every daemon asking on every poll (decision 0072)."""
-        return self.lease_seconds / 4
+        return self.timings.expiry_seconds
+
 
 def parse_list(value: str | None) -> tuple[str, ...]:
     """'a, b,,c' -> ('a', 'b', 'c'); 'none' or '' -> ()."""

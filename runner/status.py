@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -50,6 +49,8 @@ STATUS_FIELDS: dict[str, str] = {
     "capabilities": "the workers this runner claims",
     "launcher": "{start_method: forkserver|spawn, pid, preload, preloaded, preload_seconds, healthy}",
     "counters": "runs since start: claimed, SUCCESS, FAILED, CANCELLED, INTERRUPTED, lost",
+    "timings": "every time quantity in effect (runner.timings, docs/architecture.md \"Timings\"): "
+               "{name: {seconds, formula}}",
     "children": "one object per child: pid, run_id, worker, phase (starting|running|finishing|stopping), "
                 "elapsed_seconds, progress ({done, total, unit, ...} or null), rss_bytes, "
                 "gpu_memory_bytes (NVML, null without a GPU), device ({index, uuid, name}: its CUDA_VISIBLE_DEVICES, "
@@ -58,8 +59,8 @@ STATUS_FIELDS: dict[str, str] = {
 
 
 def supervisor_status(sup: Any) -> dict[str, Any]:
-    now = time.monotonic()
-    margin = sup._lease_margin()
+    now = sup.clock.monotonic()
+    margin = sup.lease.margin()
     snapshot = {
         "runner_id": str(sup.runner_id),
         "name": sup.registration.name,
@@ -83,15 +84,16 @@ def supervisor_status(sup: Any) -> dict[str, Any]:
         },
         "notifications": _notifications(sup.services.wakeup),
         "lease_margin_seconds": round(margin, 3) if margin != float("inf") else None,
-        "fence_margin_seconds": round(sup.options.fence_margin, 3),
+        "fence_margin_seconds": round(sup.timings.fence_margin, 3),
         "heartbeat_seconds": sup.options.heartbeat_seconds,
         "lease_seconds": sup.options.lease_seconds,
         "poll_seconds": sup.options.poll_seconds,
         "concurrency": sup.options.concurrency,
-        "devices": sup.device_status(),
+        "devices": sup.poll.device_status(),
         "capabilities": list(sup.capabilities),
         "launcher": sup.launcher.info(),
         "counters": dict(sup.counters),
+        "timings": sup.timings.to_json(),
         "children": [c.snapshot(now) for c in sup.children.values()],
     }
     assert set(snapshot) == set(STATUS_FIELDS)
@@ -169,7 +171,16 @@ def _header_lines(status: dict[str, Any]) -> list[str]:
         f"  {len(status['children'])}/{status['concurrency']} busy  capabilities {','.join(status['capabilities'])}"
         f"  launcher {status['launcher'].get('start_method')}",
         "  counters " + " ".join(f"{k}={v}" for k, v in status["counters"].items()),
+        *_timing_lines(status.get("timings") or {}),
     ]
+
+
+def _timing_lines(timings: dict[str, Any]) -> list[str]:
+    """The effective time quantities (runner.timings), a few to a line."""
+    import textwrap
+
+    items = [f"{name}=-" if v.get("seconds") is None else f"{name}={v['seconds']:g}s" for name, v in timings.items()]
+    return textwrap.wrap(" ".join(items), width=116, initial_indent="  timings ", subsequent_indent="          ")
 
 
 def _child_line(c: dict[str, Any]) -> str:

@@ -1,24 +1,29 @@
-"""The supervisor: one loop of named phases over a table of children (the arbiter).
+"""The supervisor: one loop over an explicit list of phases and a table of children (the arbiter).
 
-Shaped like gunicorn's arbiter. One thread does everything. Each time ``select`` wakes it (a signal
-through the self-pipe, a child's message, an exit report, a control request, or a timer), it runs the
-phases below, in this order (``Supervisor.PHASES``; each is one ``_phase_NAME`` method):
+Shaped like gunicorn's arbiter, with each phase an object that owns its state and receives its
+collaborators explicitly (River's maintenance services; decision 0130). One thread does everything.
+Each time the wait wakes it (a signal through the self-pipe, a child's message, an exit report, a
+control request, or a timer), it runs ``Supervisor.phases``, in this order:
 
     signals    TERM/INT: drain (a second one: stop now); the one-shot CLI: INT = cancel, again = kill
-    wakeup     a notification: claim now, or beat now for a cancel request      (runner.lease)
-    fence      the lease could not be renewed in time: SIGKILL every child, claim nothing (self-fence)
-    children   their messages: started (ready time), progress, result; the channel's EOF (runner.tending)
+    wakeup     a notification: claim now, or beat now for a cancel request      (lease.Notifications)
+    fence      the lease could not be renewed in time: SIGKILL every child, claim nothing (lease.Lease)
+    children   their messages: started (ready time), progress, result; the channel's EOF
     exits      exit reports; a run whose exit AND channel's end were observed goes to the finisher
     control    ``scrinalia-runner status`` over the unix socket
     heartbeat  ONE statement per interval: the registry row + every RUNNING row of this runner
-    unstarted  claimed runs waiting for the database: resolve, ``record_start``, child (runner.claims)
-    finishes   the finisher's writes that the database did not take, retried (runner.finisher)
+    unstarted  claimed runs waiting for the database or the launcher: resolve, ``record_start``, child
+    finishes   the finisher's writes that the database did not take, retried (finisher.Finisher)
     progress   ONE statement for the progress of every child that changed
     deadlines  --max-runtime, the cancel grace, the drain timeout, SIGTERM -> SIGKILL escalation
-    poll       claim while a slot is free; per claim: resolve, ``record_start``, then the child;
-               ``expire_leases`` on its own cadence (every lease/4)
+    poll       ``expire_leases`` on its own cadence (every lease/4); claim while a slot is free
     watchdog   systemd's watchdog
     title      the process title
+
+The loop sleeps until the earliest moment any phase is ``due`` (at most ``MAX_SELECT_WAIT``). Time,
+the wait, signals to children, the launcher, the control socket and the ledger are ports
+(``runner.ports``, ``runner.ledger_port``): production adapters by default, virtual ones in the
+deterministic simulator (``runner.simulation``), which runs this very class.
 
 Each run in the table has a state machine (``runner.run_state``): the phases feed it events and carry
 out the effects it returns. ONE finisher (``runner.finisher``) decides and writes every terminal outcome.
@@ -29,41 +34,33 @@ See docs/architecture.md.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import select
 import signal
 import sys
-import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from runner import procinfo
 from runner.children import Child
-from runner.claims import Claims, ConfigurationError
+from runner.claims import ConfigurationError, Poll, Starts
 from runner.devices import DevicePlanner
+from runner.drain import Drain
 from runner.finisher import Finisher
 from runner.launchers import Launcher, signal_name
-from runner.lease import LeaseKeeping
+from runner.lease import Heartbeat, Lease, Notifications, ProgressWriter
 from runner.ledger_link import DatabaseDown, LedgerLink, brief
-from runner.loop_state import (
-    MAX_SELECT_WAIT,
-    ChildSetup,
-    DrainState,
-    LeaseState,
-    Services,
-    Timers,
-    Uptime,
-)
+from runner.ledger_port import LedgerPort
+from runner.loop_state import MAX_SELECT_WAIT, NO_PIDFD_POLL, ChildSetup, Phase, Services, Uptime
 from runner.options import RunnerOptions
 from runner.outcome import OPERATOR_INTERRUPT
+from runner.ports import Clock, ControlPort, Processes, SelectWaiter, SystemClock, SystemProcesses, Waiter
 from runner.signals import SignalPipe
-from runner.tending import Tending
-from scrinalia.domains.archive import ledger, registry
+from runner.tending import ChildMessages, Deadlines, Effects, Exits, Sampler
+from scrinalia.domains.archive import registry
 from scrinalia.domains.archive.ledger import WorkerRun
 
 log = logging.getLogger("scrinalia.runner")
@@ -72,17 +69,14 @@ _brief = brief  # the CLI's name for it
 __all__ = ["Child", "ConfigurationError", "DatabaseDown", "MAX_SELECT_WAIT", "Supervisor", "_brief"]
 
 
-class Supervisor(Tending, Claims, LeaseKeeping):
+class Supervisor:
     """The parent of the runner's children. ``mode`` is "daemon" (claims from the queue) or "oneshot"."""
-
-    PHASES = ("signals", "wakeup", "fence", "children", "exits", "control", "heartbeat", "unstarted",
-              "finishes", "progress", "deadlines", "poll", "watchdog", "title")
 
     def __init__(
         self,
         options: RunnerOptions,
         *,
-        engine: Engine,
+        engine: Engine | None,
         database_url: str,
         child_connect_args: dict[str, Any],
         launcher: Launcher,
@@ -91,51 +85,98 @@ class Supervisor(Tending, Claims, LeaseKeeping):
         notifier: Any = None,
         gpu: Any = None,
         devices: DevicePlanner | None = None,
-        control: Any = None,
+        control: ControlPort | None = None,
         wakeup: Any = None,
         on_progress: Callable[[Child], None] | None = None,
         install_signals: bool = True,
         catalogue: Mapping[str, Any] | None = None,
+        ledger: LedgerPort | None = None,
+        clock: Clock | None = None,
+        waiter: Waiter | None = None,
+        processes: Processes | None = None,
+        set_title: Callable[[str], None] = procinfo.set_title,
     ) -> None:
         if mode not in ("daemon", "oneshot"):
             raise ValueError(mode)
+        if ledger is None:
+            from runner.pg_ledger import PostgresLedger
+
+            ledger = PostgresLedger(engine)  # type: ignore[arg-type]  # None: a supervisor that sends nothing
         self.options = options
+        self.timings = options.timings
         self.mode = mode
         self.launcher = launcher
         self.registration = registration
-        self.services = Services(notifier, gpu, devices, control, wakeup, on_progress)
-        self.setup = ChildSetup(database_url, child_connect_args, catalogue)
-        self.db = LedgerLink(engine)
-        self.db.fence_point, self.db.fence_check = self._fence_point, self._phase_fence  # decision 0110
-        self.finisher = Finisher(self.db, registration.runner_id, options, launcher.name)
-        self.children = {}
-        self.unstarted = {}
-        self.timers = Timers()
-        self.lease = LeaseState()
-        self.drain = DrainState()
+        self.clock = clock or SystemClock()
+        self.waiter = waiter or SelectWaiter()
+        self.processes = processes or SystemProcesses()
+        self.services = Services(notifier, gpu, devices, control, wakeup if mode == "daemon" else None, on_progress)
+        self.uptime = Uptime(self.clock.wall(), self.clock.monotonic())
         self.signals = SignalPipe()
-        self.uptime = Uptime()
-        self.exit_code = 0
         self._install_signals = install_signals
         self._registered = False
-        self._title = ""
+        self.children: dict[int, Child] = {}
+        self._build(ledger, engine, ChildSetup(database_url, child_connect_args, catalogue), set_title)
+
+    def _build(self, ledger: LedgerPort, engine: Engine | None, setup: ChildSetup,
+               set_title: Callable[[str], None]) -> None:
+        """The phases, each given its collaborators; then the one list the loop runs."""
+        clock, timings, children, runner_id = self.clock, self.timings, self.children, self.runner_id
+        self.db = LedgerLink(ledger)
+        self.finisher = Finisher(clock, self.db, runner_id, timings, self.launcher.name, self.processes)
+        self.drain = Drain(clock, timings.drain_timeout, self.services.notifier, lambda: len(children))
+        self.effects = Effects(clock, children, self.processes, self.finisher, timings)
+        self.sampler = Sampler(children, self.processes, self.services.gpu)
+        self.lease = Lease(clock, timings, children, self.effects)
+        self.db.fence_point, self.db.fence_check = self.lease.fence_point, self.lease.run  # decision 0110
+        self.messages = ChildMessages(clock, children, self.effects, timings, self.services.on_progress)
+        self.exits = Exits(clock, children, self.launcher, self.effects, self.messages, self.drain)
+        self.deadlines = Deadlines(clock, children, self.effects, self.processes, timings, self.drain)
+        self.heartbeat = Heartbeat(clock, timings, self.db, runner_id, self.lease, children, self.effects,
+                                   self.finisher, self.drain, self.sampler)
+        self.starts = Starts(clock, timings, self.db, runner_id, self.launcher, self.processes, self.finisher,
+                             children, self.lease, self.drain, self.services, setup, engine)
+        self.poll = Poll(clock, timings, self.db, runner_id, self.capabilities, self.options.concurrency,
+                         self.launcher, children, self.starts, self.lease, self.drain, self.finisher,
+                         self.services, self.sampler, daemon=self.mode == "daemon")
+        self.progress = ProgressWriter(clock, self.db, runner_id, children)
+        self.heartbeat.starts = self.starts
+        self.effects.read_last = self.messages.pump
+        self.effects.on_slot_free = self.poll.claim_now
+        self.effects.on_abandoned = self.heartbeat.beat_now
+        self.phases: tuple[Phase, ...] = (
+            SignalPhase(self.signals, self.mode, self.drain, children, self.effects, self.db, self.registration.name),
+            Notifications(clock, self.services.wakeup, children, self.poll, self.heartbeat.beat_now),
+            self.lease,
+            self.messages,
+            self.exits,
+            ControlPhase(self.services.control, self.answer, self.lease),
+            self.heartbeat,
+            self.starts,
+            self.finisher,
+            self.progress,
+            self.deadlines,
+            self.poll,
+            Watchdog(clock, self.services.notifier),
+            Title(self.registration.name, self.status_line, set_title),
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def open(self) -> None:
         """Install the signal handlers (a signal from now on waits in the self-pipe for the loop), register,
-        start the launcher. The daemon also expires stale leases (at start, then every ``expiry_seconds``)."""
+        start the launcher. The daemon also expires stale leases (at start, then every ``expiry``)."""
         if self._install_signals:
             self.signals.install()
-        registry.register(self.db.engine, self.registration)
+        self.db.send("register", self.db.ledger.register, self.registration)
         self._registered = True
         log.info(
             "runner %s (%s) registered: kind %s, capabilities %s, concurrency %d, heartbeat %gs, lease %gs",
             self.runner_id, self.registration.name, self.registration.kind, ",".join(self.capabilities) or "-",
-            self.options.concurrency, self.options.heartbeat_seconds, self.options.lease_seconds,
+            self.options.concurrency, self.timings.heartbeat, self.timings.lease,
         )
         if self.mode == "daemon":
-            self._expire_leases()
+            self.poll.expire_leases()
         self.launcher.start()
         info = self.launcher.info()
         if info.get("start_method") == "forkserver":
@@ -144,27 +185,27 @@ class Supervisor(Tending, Claims, LeaseKeeping):
 
     def serve(self) -> int:
         """The loop. Returns the process exit code."""
-        self._heartbeat()
+        self.heartbeat.beat()
         if self.services.notifier is not None:
-            self.services.notifier.ready(self._status_line())
-        self.timers.poll = time.monotonic()
+            self.services.notifier.ready(self.status_line())
+        self.poll.next_at = self.clock.monotonic()
         while not self._done():
-            self._tick()
-        return self.exit_code
+            self.tick()
+        return self.drain.exit_code
 
     def close(self) -> None:
         """Stop what is left (nothing, after a drain), close the launcher, mark the registry row stopped."""
         for child in list(self.children.values()):
-            procinfo.kill_group(child.pid, signal.SIGKILL)
+            self.processes.signal_group(child.pid, signal.SIGKILL)
         self.launcher.close()
         for child in list(self.children.values()):
             child.close()
         self.children.clear()
         if self._registered:
             try:
-                registry.stop(self.db.engine, self.runner_id)
-            except SQLAlchemyError as exc:
-                log.warning("could not mark the registry row stopped: %s", brief(exc))
+                self.db.call("stop", self.db.ledger.stop, self.runner_id)
+            except DatabaseDown:
+                log.warning("could not mark the registry row stopped: %s", self.db.error)
             self._registered = False
         for service in (self.services.control, self.services.wakeup, self.services.gpu):
             if service is not None:
@@ -173,7 +214,54 @@ class Supervisor(Tending, Claims, LeaseKeeping):
 
     def adopt(self, run: WorkerRun) -> Child | None:
         """Start a child for a run this runner already holds (the one-shot CLI's own RUNNING row)."""
-        return self._begin(run, time.monotonic())
+        return self.starts.begin(run, self.clock.monotonic())
+
+    # --- the loop ------------------------------------------------------------------------------------
+
+    def _done(self) -> bool:
+        if self.children or self.starts.waiting:
+            return False
+        if self.mode == "daemon" and not self.drain.draining:
+            return False
+        # Drained (or the one-shot's run ended): flush the finishes that could not be written and settle
+        # the abandoned runs, unless the leases are over anyway (whoever expires them closes them).
+        if self.finisher.settled and not self.starts.unstarted:
+            return True
+        return self.lease.margin() < 0
+
+    def tick(self) -> None:
+        """One wait, then every phase in order."""
+        timeout = self.timeout()
+        if not self.launcher.wait_fds() and self.children:
+            timeout = min(timeout, NO_PIDFD_POLL)  # no pidfd on this kernel: poll the exits
+        self.waiter.wait(self._readable(), timeout)
+        for phase in self.phases:
+            phase.run()
+
+    def timeout(self) -> float:
+        """Until the earliest moment a phase is due, at most ``MAX_SELECT_WAIT``."""
+        now = self.clock.monotonic()
+        moment = min([now + MAX_SELECT_WAIT, *(at for phase in self.phases for at in phase.due())])
+        return max(0.0, moment - now)
+
+    def _readable(self) -> list[int]:
+        """Everything that can wake the loop: the self-pipe, exit reports, the children's channels and
+        output, the control socket, the LISTEN connection."""
+        fds: list[int | None] = [self.signals.read_fd, *self.launcher.wait_fds()]
+        for child in self.children.values():
+            fds += [None if child.reader.eof else child.channel.fileno(), child.output.fd]
+        fds += [s.fileno() for s in (self.services.control, self.services.wakeup) if s is not None]
+        return [fd for fd in fds if fd is not None]
+
+    # --- what it shows -------------------------------------------------------------------------------
+
+    @property
+    def runner_id(self) -> uuid.UUID:
+        return self.registration.runner_id
+
+    @property
+    def capabilities(self) -> list[str]:
+        return list(self.registration.capabilities)
 
     @property
     def finished(self) -> dict[Any, WorkerRun | None]:
@@ -184,166 +272,28 @@ class Supervisor(Tending, Claims, LeaseKeeping):
     def counters(self) -> dict[str, int]:
         return self.finisher.counters
 
-    # --- the loop ------------------------------------------------------------------------------------
-
-    def _done(self) -> bool:
-        if self.children:
-            return False
-        if self.mode == "daemon" and not self.drain.draining:
-            return False
-        # Drained (or the one-shot's run ended): flush the finishes that could not be written and settle
-        # the abandoned runs, unless the leases are over anyway (whoever expires them closes them).
-        if self.finisher.settled and not self.unstarted:
-            return True
-        return self.lease.margin() < 0
-
-    def _tick(self) -> None:
-        self._wait(self._timeout())
-        for name in self.PHASES:
-            getattr(self, f"_phase_{name}")()
-
-    def _timeout(self) -> float:
-        now = time.monotonic()
-        moments = [self.timers.heartbeat, now + MAX_SELECT_WAIT, *self._service_moments(), *self._run_moments()]
-        if self.mode == "daemon" and not self.drain.draining:
-            moments.append(self.timers.poll)
-        if self.lease.deadline is not None and self.children:
-            moments.append(self.lease.deadline - self.options.fence_margin)
-        if (self.finisher.pending or self.unstarted) and self.db.ok:
-            moments.append(now)
-        return max(0.0, min(moments) - now)
-
-    def _run_moments(self) -> list[float]:
-        """The children's deadlines, and the next progress statement when there is progress to write."""
-        moments = [at for child in self.children.values() for at, _ in self._child_deadlines(child)]
-        if not self.db.unreachable and self._progress_to_write():
-            moments.append(self.timers.progress)
-        return moments
-
-    def _service_moments(self) -> list[float]:
-        notifier, wakeup = self.services.notifier, self.services.wakeup
-        moments = []
-        if notifier is not None and notifier.watchdog_interval:
-            moments.append(self.timers.watchdog)
-        if wakeup is not None:
-            moments.append(wakeup.due_at())
-        return moments
-
-    def _readable(self) -> list[Any]:
-        """Everything that can wake the loop: the self-pipe, exit reports, the children's channels and
-        output, the control socket, the LISTEN connection."""
-        fds: list[Any] = [self.signals.read_fd, *self.launcher.wait_fds()]
-        for child in self.children.values():
-            fds += [None if child.reader.eof else child.channel, child.output.fd]
-        fds += [s.fileno() for s in (self.services.control, self.services.wakeup) if s is not None]
-        return [fd for fd in fds if fd is not None]
-
-    def _wait(self, timeout: float) -> None:
-        fds = self._readable()
-        if not self.launcher.wait_fds() and self.children:
-            timeout = min(timeout, 0.1)  # no pidfd on this kernel: poll the exits
-        try:
-            select.select(fds, [], [], timeout)
-        except InterruptedError:
-            pass
-        except OSError as exc:
-            if exc.errno != errno.EBADF:
-                raise
-
-    # --- the phases of this module --------------------------------------------------------------------
-
-    def _phase_signals(self) -> None:
-        for signum in self.signals.read():
-            self._on_signal(signum)
-
-    def _phase_control(self) -> None:
-        if self.services.control is not None:
-            self.services.control.serve_pending(self._control_request, until=self._fence_point())
-
-    def _phase_finishes(self) -> None:
-        if self.db.ok:
-            self.finisher.retry()
-
-    def _phase_watchdog(self) -> None:
-        notifier = self.services.notifier
-        if notifier is None or not notifier.watchdog_interval:
-            return
-        now = time.monotonic()
-        if now >= self.timers.watchdog:
-            notifier.watchdog()
-            self.timers.watchdog = now + notifier.watchdog_interval
-
-    def _phase_title(self) -> None:
-        title = f"scrinalia-runner: supervisor {self.registration.name} [{self._status_line()}]"
-        if title != self._title:
-            self._title = title
-            procinfo.set_title(title)
-
-    # --- signals and the drain -------------------------------------------------------------------------
-
-    def _on_signal(self, signum: int) -> None:
-        name = signal_name(signum)
-        if signum == signal.SIGCHLD:
-            return  # an exit: collected by the exits phase
-        if signum == signal.SIGHUP:
-            log.info("SIGHUP ignored (restart the service to change its flags)")
-            return
-        if self.mode == "oneshot":
-            self._oneshot_signal(signum, name)
-            return
-        if signum == signal.SIGQUIT or self.drain.draining:
-            self._stop_now(f"{name} while draining" if self.drain.draining else name)
-        else:
-            self.begin_drain(f"{name} received")
-
-    def _oneshot_signal(self, signum: int, name: str) -> None:
-        self.drain.interrupts += 1
-        if signum == signal.SIGINT and self.drain.interrupts == 1:
-            log.warning("Ctrl-C: cancelling at the next batch boundary (Ctrl-C again to kill the run)")
-            for child in list(self.children.values()):
-                try:
-                    ledger.request_cancel(self.db.engine, child.run.run_id, self.registration.name)
-                except Exception as exc:  # the cooperative cancel does not need the row
-                    log.debug("request_cancel failed: %s", brief(exc))
-                self._request_cancel(child, "Ctrl-C")
-            return
-        log.warning("%s: killing the run", name)
-        for child in list(self.children.values()):
-            self._signal(child, signal.SIGKILL, OPERATOR_INTERRUPT)
+    @property
+    def exit_code(self) -> int:
+        return self.drain.exit_code
 
     def begin_drain(self, why: str) -> None:
-        """Stop claiming; let the children finish until the drain timeout; then stop them."""
-        if self.drain.draining:
-            return
-        self.drain.draining, self.drain.reason = True, why
-        self.drain.deadline = time.monotonic() + self.options.drain_timeout
-        log.warning("draining (%s): no more claims; %d running, deadline in %gs",
-                    why, len(self.children), self.options.drain_timeout)
-        if self.services.notifier is not None:
-            self.services.notifier.stopping(f"draining: {why}")
-
-    def _stop_now(self, why: str) -> None:
-        if not self.drain.draining:
-            self.begin_drain(why)
-        log.warning("stopping now (%s)", why)
-        self.drain.deadline = time.monotonic()
-
-    # --- what it shows -------------------------------------------------------------------------------
+        self.drain.begin(why)
 
     @property
     def state(self) -> str:
         """running | draining | fenced: what the status, the process title and systemd show."""
         return "draining" if self.drain.draining else ("fenced" if self.lease.fenced else "running")
 
-    def _status_line(self) -> str:
+    def status_line(self) -> str:
         return f"{self.state}: {len(self.children)}/{self.options.concurrency} busy, database {self.db.state}"
 
-    def _control_request(self, request: dict[str, Any]) -> dict[str, Any]:
+    def answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One control-socket request (``runner.control``)."""
         from runner.status import supervisor_status
 
         command = request.get("command", "status")
         if command == "status":
-            self._sample_resources()
+            self.sampler.sample()
             return supervisor_status(self)
         if command == "modules":
             from runner.guard import FORBIDDEN
@@ -351,6 +301,124 @@ class Supervisor(Tending, Claims, LeaseKeeping):
             return {"pid": os.getpid(), "loaded": {name: name in sys.modules for name in FORBIDDEN},
                     "module_count": len(sys.modules)}
         if command == "drain":
-            self.begin_drain("drain requested on the control socket")
+            self.drain.begin("drain requested on the control socket")
             return {"draining": True}
         return {"error": f"unknown command {command!r}"}
+
+
+# --- the small phases ------------------------------------------------------------------------------
+
+
+class SignalPhase:
+    """Phase ``signals``: what the self-pipe holds (``runner.signals``)."""
+
+    name = "signals"
+
+    def __init__(self, signals: SignalPipe, mode: str, drain: Drain, children: dict[int, Child], effects: Effects,
+                 db: LedgerLink, requested_by: str) -> None:
+        self.signals = signals
+        self.mode = mode
+        self.drain = drain
+        self.children = children
+        self.effects = effects
+        self.db = db
+        self.requested_by = requested_by
+
+    def run(self) -> None:
+        for signum in self.signals.read():
+            self.on_signal(signum)
+
+    def due(self) -> list[float]:
+        return []
+
+    def on_signal(self, signum: int) -> None:
+        name = signal_name(signum)
+        if signum == signal.SIGCHLD:
+            return  # an exit: collected by the exits phase
+        if signum == signal.SIGHUP:
+            log.info("SIGHUP ignored (restart the service to change its flags)")
+            return
+        if self.mode == "oneshot":
+            self._oneshot(signum, name)
+            return
+        if signum == signal.SIGQUIT or self.drain.draining:
+            self.drain.stop_now(f"{name} while draining" if self.drain.draining else name)
+        else:
+            self.drain.begin(f"{name} received")
+
+    def _oneshot(self, signum: int, name: str) -> None:
+        self.drain.interrupts += 1
+        if signum == signal.SIGINT and self.drain.interrupts == 1:
+            log.warning("Ctrl-C: cancelling at the next batch boundary (Ctrl-C again to kill the run)")
+            for child in list(self.children.values()):
+                try:
+                    self.db.call("request_cancel", self.db.ledger.request_cancel, child.run.run_id, self.requested_by)
+                except Exception as exc:  # the cooperative cancel does not need the row
+                    log.debug("request_cancel failed: %s", exc)
+                self.effects.request_cancel(child, "Ctrl-C")
+            return
+        log.warning("%s: killing the run", name)
+        for child in list(self.children.values()):
+            self.effects.signal(child, signal.SIGKILL, OPERATOR_INTERRUPT)
+
+
+class ControlPhase:
+    """Phase ``control``: ``scrinalia-runner status`` / ``drain``, never past the fence point."""
+
+    name = "control"
+
+    def __init__(self, control: ControlPort | None, answer: Callable[[dict[str, Any]], dict[str, Any]],
+                 lease: Lease) -> None:
+        self.control = control
+        self.answer = answer
+        self.lease = lease
+
+    def run(self) -> None:
+        if self.control is not None:
+            self.control.serve_pending(self.answer, until=self.lease.fence_point())
+
+    def due(self) -> list[float]:
+        return []
+
+
+class Watchdog:
+    """Phase ``watchdog``: systemd's WATCHDOG=1 at its interval."""
+
+    name = "watchdog"
+
+    def __init__(self, clock: Clock, notifier: Any) -> None:
+        self.clock = clock
+        self.notifier = notifier
+        self.next_at = 0.0
+
+    def run(self) -> None:
+        if self.notifier is None or not self.notifier.watchdog_interval:
+            return
+        now = self.clock.monotonic()
+        if now >= self.next_at:
+            self.notifier.watchdog()
+            self.next_at = now + self.notifier.watchdog_interval
+
+    def due(self) -> list[float]:
+        return [self.next_at] if self.notifier is not None and self.notifier.watchdog_interval else []
+
+
+class Title:
+    """Phase ``title``: the process title (``ps``), set only when it changes."""
+
+    name = "title"
+
+    def __init__(self, runner_name: str, status_line: Callable[[], str], set_title: Callable[[str], None]) -> None:
+        self.runner_name = runner_name
+        self.status_line = status_line
+        self.set_title = set_title
+        self.title = ""
+
+    def run(self) -> None:
+        title = f"scrinalia-runner: supervisor {self.runner_name} [{self.status_line()}]"
+        if title != self.title:
+            self.title = title
+            self.set_title(title)
+
+    def due(self) -> list[float]:
+        return []

@@ -1,7 +1,9 @@
-"""The phases of the loop that tend the children: what they say, how they end, what falls due.
+"""The phases that tend the children: what they say, how they end, what falls due.
 
 Each event goes to the child's state machine (``runner.run_state``); the effects it returns are carried
-out here (``_apply``): a signal, a cancel message, or the end of the run handed to the finisher.
+out by ``Effects``: a signal, a cancel message, or the end of the run handed to the finisher. Three
+phases of the loop read the children (``ChildMessages``, ``Exits``, ``Deadlines``); each receives the
+table of children and ``Effects`` explicitly.
 
 One channel per child: a run ends when its exit has been reported (by the launcher: the fork server's
 report, or the pidfd of a spawned child) AND its channel has reached EOF (or ``EOF_GRACE`` after the
@@ -11,80 +13,174 @@ exit, for a channel that a grandchild inherited). The outcome never depends on r
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import time
 from collections.abc import Callable
 from typing import Any
 
-from runner import outcome, procinfo
+from runner import outcome
 from runner.children import Child
-from runner.loop_state import SupervisorBase
+from runner.drain import Drain
+from runner.finisher import Finisher
+from runner.launchers import Launcher
+from runner.ports import Clock, Processes
 from runner.run_state import Action, Due, Effect, Timing
 from runner.stall import Action as StallAction
-from runner.stall import StallWatch, cpu_seconds
+from runner.stall import StallWatch
+from runner.timings import Timings
 
 log = logging.getLogger("scrinalia.runner")
 
+Children = dict[int, Child]  # the supervisor's table, by pid
 
-class Tending(SupervisorBase):
-    # --- children: what they say ---------------------------------------------------------------------
 
-    def _phase_children(self) -> None:
-        for child in list(self.children.values()):
-            self._pump(child)
+class Effects:
+    """Carries out what the state machines decide; a child whose exit and channel were both observed
+    leaves the table for the finisher."""
 
-    def _pump(self, child: Child) -> None:
-        """Read the child's messages and output; the channel's EOF is half of its end."""
-        try:
-            messages = child.read()
-        except Exception as exc:  # not our framing: the child is not speaking the protocol any more
-            log.error("run %s: unreadable message from child %d (%s); killing it", child.short_id, child.pid,
-                      type(exc).__name__)
-            child.reader.eof = True
-            messages = []
-            self._apply(child, child.state.stop(signal.SIGKILL, None, time.monotonic()))
-        if messages and child.stall is not None:
-            child.stall.heard(time.monotonic())
+    def __init__(self, clock: Clock, children: Children, processes: Processes, finisher: Finisher,
+                 timings: Timings) -> None:
+        self.clock = clock
+        self.children = children
+        self.processes = processes
+        self.finisher = finisher
+        self.timings = timings
+        self.on_slot_free: Callable[[], None] = lambda: None  # the poll: claim now (set by the supervisor)
+        self.on_abandoned: Callable[[], None] = lambda: None  # the heartbeat: beat now
+        self.read_last: Callable[[Child], None] = lambda child: pump(child, self)  # ChildMessages.pump
+
+    def apply(self, child: Child, effects: list[Effect]) -> None:
+        for effect in effects:
+            if effect.action is Action.SIGNAL and effect.signal is not None:
+                self.processes.signal_group(child.pid, effect.signal)
+            elif effect.action is Action.SEND_CANCEL:
+                child.send("cancel")
+            elif child.pid in self.children:  # FINISH, ABANDON, FORGET: once
+                self._ended(child, effect.action)
+
+    def _ended(self, child: Child, action: Action) -> None:
+        """Exit and channel both observed: out of the table, to the finisher."""
+        self.read_last(child)  # the output's last lines (the outcome's tail)
+        child.close()
+        del self.children[child.pid]
+        self.on_slot_free()
+        if self.finisher.child_ended(child, action):
+            self.on_abandoned()  # an abandoned run: the heartbeat's answer settles it
+
+    def request_cancel(self, child: Child, why: str) -> None:
+        effects = child.state.request_cancel(self.clock.monotonic())
+        if effects:
+            log.info("run %s (%s): %s; the worker stops at its next batch boundary (grace %gs)",
+                     child.short_id, child.run.worker_name, why, self.timings.cancel_grace)
+        self.apply(child, effects)
+
+    def signal(self, child: Child, sig: int, reason: str | None = None) -> None:
+        self.apply(child, child.state.stop(sig, reason, self.clock.monotonic()))
+
+    def lose(self, child: Child, why: str) -> None:
+        self.finisher.lost(child.run, f"{why}; killing child {child.pid}")
+        self.apply(child, child.state.lose(self.clock.monotonic()))
+
+    def fence(self, child: Child) -> None:
+        self.apply(child, child.state.fence(self.clock.monotonic()))
+
+
+OnMessage = Callable[[Child, str, dict[str, Any]], None]
+
+
+def pump(child: Child, effects: Effects, on_message: OnMessage | None = None) -> None:
+    """Read the child's messages and output; the channel's EOF is half of its end."""
+    now = effects.clock.monotonic()
+    try:
+        messages = child.read()
+    except Exception as exc:  # not our framing: the child is not speaking the protocol any more
+        log.error("run %s: unreadable message from child %d (%s); killing it", child.short_id, child.pid,
+                  type(exc).__name__)
+        child.reader.eof = True
+        messages = []
+        effects.apply(child, child.state.stop(signal.SIGKILL, None, now))
+    if messages and child.stall is not None:
+        child.stall.heard(now)
+    if on_message is not None:
         for kind, payload in messages:
-            self._on_message(child, kind, payload)
-        if child.reader.eof and not child.state.channel_closed:
-            self._apply(child, child.state.closed())
+            on_message(child, kind, payload)
+    if child.reader.eof and not child.state.channel_closed:
+        effects.apply(child, child.state.closed())
+
+
+class ChildMessages:
+    """Phase ``children``: each child's channel and output (``started``, ``progress``, ``result``)."""
+
+    name = "children"
+
+    def __init__(self, clock: Clock, children: Children, effects: Effects, timings: Timings,
+                 on_progress: Callable[[Child], None] | None) -> None:
+        self.clock = clock
+        self.children = children
+        self.effects = effects
+        self.timings = timings
+        self.on_progress = on_progress
+
+    def run(self) -> None:
+        for child in list(self.children.values()):
+            self.pump(child)
+
+    def due(self) -> list[float]:
+        return []
+
+    def pump(self, child: Child) -> None:
+        pump(child, self.effects, self._on_message)
 
     def _on_message(self, child: Child, kind: str, payload: dict[str, Any]) -> None:
+        now = self.clock.monotonic()
         if kind == "started":
             child.state.started(float(payload["t"]))
             own = payload.get("stall_timeout")  # the worker's WorkerSpec.stall_timeout, if it declares one
-            child.stall = StallWatch(self.options.stall_timeout if own is None else float(own), time.monotonic())
+            child.stall = StallWatch(self.timings.stall_timeout if own is None else float(own), now)
             latency = (float(payload["t"]) - child.claimed_at) * 1000
             log.info("run %s: worker %s running in child %d (%.0f ms after the claim)",
                      child.short_id, child.run.worker_name, child.pid, latency)
         elif kind == "progress":
             child.progress = payload
-            if self.services.on_progress is not None:
-                self.services.on_progress(child)
+            if self.on_progress is not None:
+                self.on_progress(child)
         elif kind == "result":
-            child.state.reported(payload, time.monotonic())
+            child.state.reported(payload, now)
             if payload.get("progress"):
                 child.progress = payload["progress"]
 
-    # --- exits ---------------------------------------------------------------------------------------
 
-    def _phase_exits(self) -> None:
-        now = time.monotonic()
+class Exits:
+    """Phase ``exits``: the launcher's exit reports; the fork server's death (restarted off the loop)."""
+
+    name = "exits"
+
+    def __init__(self, clock: Clock, children: Children, launcher: Launcher, effects: Effects,
+                 messages: ChildMessages, drain: Drain) -> None:
+        self.clock = clock
+        self.children = children
+        self.launcher = launcher
+        self.effects = effects
+        self.messages = messages
+        self.drain = drain
+
+    def run(self) -> None:
+        now = self.clock.monotonic()
         for ex in self.launcher.collect_exits():
             child = self.children.get(ex.pid)
             if child is not None:
-                self._pump(child)  # what it sent before it exited is read before its exit counts
-                self._apply(child, child.state.exited(ex, now))
+                self.messages.pump(child)  # what it sent before it exited is read before its exit counts
+                self.effects.apply(child, child.state.exited(ex, now))
         if self.launcher.name == "forkserver" and not self.launcher.healthy():
             self._fork_server_died()
 
+    def due(self) -> list[float]:
+        return []
+
     def _fork_server_died(self) -> None:
         log.critical("the fork server died; its children died with it")
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for child in list(self.children.values()):
-            self._apply(child, child.state.fork_server_died(child.pid, now))
+            self.effects.apply(child, child.state.fork_server_died(child.pid, now))
         self.launcher.close()
         if self.drain.draining:
             return
@@ -93,53 +189,42 @@ class Tending(SupervisorBase):
             log.warning("fork server restarting (claims resume when it is ready)")
         except Exception as exc:
             log.critical("the fork server cannot be restarted (%s); stopping", exc)
-            self.exit_code = 1
-            self._stop_now("fork server lost")
+            self.drain.fail("fork server lost")
 
-    def _ended(self, child: Child, action: Action) -> None:
-        """Exit and channel both observed: out of the table, to the finisher."""
-        self._pump(child)  # the output's last lines (the outcome's tail)
-        child.close()
-        del self.children[child.pid]
-        self.timers.now_for("poll")  # a slot is free: claim now
-        if self.finisher.child_ended(child, action):
-            self.timers.now_for("heartbeat")  # an abandoned run: the heartbeat's answer settles it
 
-    # --- effects -------------------------------------------------------------------------------------
+class Deadlines:
+    """Phase ``deadlines``: --max-runtime, the cancel grace, the drain timeout, the stall watch
+    (``runner.stall``), SIGTERM -> SIGKILL, the EOF grace. What falls due for a child is read off its
+    state (``RunState.deadlines``), so the loop's sleep and what it then does never disagree."""
 
-    def _apply(self, child: Child, effects: list[Effect]) -> None:
-        for effect in effects:
-            if effect.action is Action.SIGNAL and effect.signal is not None:
-                procinfo.kill_group(child.pid, effect.signal)
-            elif effect.action is Action.SEND_CANCEL:
-                child.send("cancel")
-            elif child.pid in self.children:  # FINISH, ABANDON, FORGET: once
-                self._ended(child, effect.action)
+    name = "deadlines"
 
-    def _request_cancel(self, child: Child, why: str) -> None:
-        effects = child.state.request_cancel(time.monotonic())
-        if effects:
-            log.info("run %s (%s): %s; the worker stops at its next batch boundary (grace %gs)",
-                     child.short_id, child.run.worker_name, why, self.options.cancel_grace)
-        self._apply(child, effects)
+    def __init__(self, clock: Clock, children: Children, effects: Effects, processes: Processes,
+                 timings: Timings, drain: Drain) -> None:
+        self.clock = clock
+        self.children = children
+        self.effects = effects
+        self.processes = processes
+        self.timings = timings
+        self.drain = drain
 
-    def _signal(self, child: Child, sig: int, reason: str | None = None) -> None:
-        self._apply(child, child.state.stop(sig, reason, time.monotonic()))
+    def run(self) -> None:
+        now = self.clock.monotonic()
+        for child in list(self.children.values()):
+            for at, act in self.of(child):
+                if at <= now:
+                    act()
+                    break  # what it did changes what falls due next: the next tick (at once) decides
 
-    def _lose(self, child: Child, why: str) -> None:
-        self.finisher.lost(child.run, f"{why}; killing child {child.pid}")
-        self._apply(child, child.state.lose(time.monotonic()))
-
-    # --- deadlines -----------------------------------------------------------------------------------
+    def due(self) -> list[float]:
+        return [at for child in self.children.values() for at, _ in self.of(child)]
 
     def _timing(self) -> Timing:
-        opts = self.options
-        drain_deadline = self.drain.deadline if self.drain.draining else None
-        return Timing(opts.max_runtime, opts.cancel_grace, opts.kill_grace, drain_deadline)
+        t = self.timings
+        return Timing(t.max_runtime, t.cancel_grace, t.kill_grace, self.drain.deadline_if_draining())
 
-    def _child_deadlines(self, child: Child) -> list[tuple[float, Callable[[], None]]]:
-        """What falls due for ``child``, and when (``RunState.deadlines``), each with what to do then:
-        ``_timeout`` sleeps until the earliest, ``_phase_deadlines`` does what is due."""
+    def of(self, child: Child) -> list[tuple[float, Callable[[], None]]]:
+        """What falls due for ``child``, and when, each with what to do then."""
         due = [(at, self._act(child, d)) for at, d in child.state.deadlines(self._timing())]
         state = child.state
         if child.stall is not None and state.alive and state.kill_reason is None and state.result is None:
@@ -151,45 +236,41 @@ class Tending(SupervisorBase):
     def _check_stall(self, child: Child) -> None:
         """The child's stall deadline fell due: probe its CPU time, dump its stack, or stop it."""
         assert child.stall is not None
-        action = child.stall.check(time.monotonic(), cpu_seconds(child.pid))
+        action = child.stall.check(self.clock.monotonic(), self.processes.cpu_seconds(child.pid))
         if action is StallAction.DUMP_STACK:
             log.error("run %s (%s): child %d sent nothing and used no CPU for %.0fs (stall timeout %gs); "
                       "dumping its stack, then stopping it", child.short_id, child.run.worker_name, child.pid,
                       child.stall.silent_seconds_at_dump or 0, child.stall.timeout)
-            try:
-                os.kill(child.pid, signal.SIGUSR1)  # the child only: SIGUSR1 would kill what it started
-            except ProcessLookupError:
-                pass
+            self.processes.signal_one(child.pid, signal.SIGUSR1)  # the child only: not what it started
         elif action is StallAction.TERMINATE:
-            self._signal(child, signal.SIGTERM, outcome.STALLED)
+            self.effects.signal(child, signal.SIGTERM, outcome.STALLED)
 
     def _act(self, child: Child, due: Due) -> Callable[[], None]:
         def act() -> None:
             if due.sig is None:
-                self._apply(child, child.state.closed())  # EOF_GRACE after its exit: the channel is over
+                self.effects.apply(child, child.state.closed())  # EOF_GRACE after its exit: the channel is over
                 return
             why = _DEADLINE_LOGS.get(due.reason or "")
             if why is not None:
                 log.log(why[0], "run %s (%s): %s; child %d", child.short_id, child.run.worker_name, why[1], child.pid)
-            self._signal(child, due.sig, due.reason)
+            self.effects.signal(child, due.sig, due.reason)
 
         return act
 
-    def _phase_deadlines(self) -> None:
-        now = time.monotonic()
-        for child in list(self.children.values()):
-            for at, act in self._child_deadlines(child):
-                if at <= now:
-                    act()
-                    break  # what it did changes what falls due next: the next tick (at once) decides
 
-    # --- observation ---------------------------------------------------------------------------------
+class Sampler:
+    """What the supervisor samples of its children: RSS (``/proc``), GPU memory (NVML)."""
 
-    def _sample_resources(self) -> None:
-        gpu = self.services.gpu.memory_by_pid() if self.services.gpu is not None else {}
+    def __init__(self, children: Children, processes: Processes, gpu: Any) -> None:
+        self.children = children
+        self.processes = processes
+        self.gpu = gpu
+
+    def sample(self) -> None:
+        gpu = self.gpu.memory_by_pid() if self.gpu is not None else {}
         for child in self.children.values():
             res = child.resources
-            res.rss_bytes = procinfo.rss_bytes(child.pid)
+            res.rss_bytes = self.processes.rss_bytes(child.pid)
             if gpu:
                 res.gpu_bytes = gpu.get(child.pid)
                 if res.gpu_bytes:

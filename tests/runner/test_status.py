@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from runner import control
+from runner.options import RunnerOptions
 from runner.procinfo import mapped_files
 from runner.status import STATUS_FIELDS
 from scrinalia.domains.archive import registry
@@ -68,6 +69,8 @@ def test_status_shows_the_children_of_a_live_runner_and_json_has_the_documented_
     assert status["database"]["state"] == "ok"
     assert 0 < status["lease_margin_seconds"] <= 5
     assert status["uptime_seconds"] > 0
+    effective = RunnerOptions(name="x", heartbeat_seconds=0.5, lease_seconds=5, poll_seconds=0.2).validate().timings
+    assert status["timings"] == {name: dict(v) for name, v in effective.to_json().items()}  # the derivation
     assert {c["run_id"] for c in status["children"]} == {str(r.run_id) for r in runs}
     for c in status["children"]:
         assert set(c) == CHILD_FIELDS

@@ -122,9 +122,9 @@ def _idle_supervisor(**options):
 
     sup = Supervisor(RunnerOptions(name="x", **options).validate(), engine=NOTHING, database_url="",
                      child_connect_args={}, launcher=SpawnLauncher(),
-                     registration=cast(Any, SimpleNamespace(runner_id=uuid.uuid4(), capabilities=())),
+                     registration=cast(Any, SimpleNamespace(runner_id=uuid.uuid4(), capabilities=(), name="x")),
                      install_signals=False)
-    sup.timers.heartbeat = sup.timers.poll = time.monotonic() + 3600
+    sup.heartbeat.next_at = sup.poll.next_at = time.monotonic() + 3600
     return sup
 
 
@@ -161,11 +161,11 @@ def test_a_deadline_that_calls_for_nothing_does_not_wake_the_loop():
     child.state.reported({"status": "SUCCESS"}, now)
     sup.children[child.pid] = child
     sup.drain.draining, sup.drain.deadline = True, now - 60
-    assert [at for at, _ in sup._child_deadlines(child)] == [now + 30]
-    assert sup._timeout() > MAX_SELECT_WAIT / 2
+    assert [at for at, _ in sup.deadlines.of(child)] == [now + 30]
+    assert sup.timeout() > MAX_SELECT_WAIT / 2
     child.state.result = child.state.result_at = None  # still working: every one of those is due now
-    assert len(sup._child_deadlines(child)) == 3 and sup._timeout() == 0
+    assert len(sup.deadlines.of(child)) == 3 and sup.timeout() == 0
     child.state.lose(now)  # SIGKILLed already: only its exit is awaited
-    assert sup._child_deadlines(child) == [] and sup._timeout() > MAX_SELECT_WAIT / 2
+    assert sup.deadlines.of(child) == [] and sup.timeout() > MAX_SELECT_WAIT / 2
     a.close()
     b.close()
