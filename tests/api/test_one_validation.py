@@ -199,12 +199,13 @@ def test_each_entry_point_checks_and_resolves_its_request_once(api, engine, vali
         scheduler.release()
     assert fired.outcome == "enqueued", fired
     _once(validations, request_)
-    # the settings PUT: its values are checked and resolved once (its answer then shows the effective
-    # settings, the resolution of an empty request over what was stored)
+    # the settings PUT: its values are checked and resolved once; then its answer's effective settings
+    # and their warnings, one resolution of an empty request over what was stored
     settings = {"options": {"threshold": 0.3}, "db_batch_size": 16}
     r = client.put("/api/v1/system/workers/typology/settings", headers=headers, json=settings)
     assert r.status_code == 200, r.text
-    _once(validations, settings)
+    assert r.json()["effective"]["db_batch_size"] == 16
+    assert validations["checked"] == validations["resolved"] == [settings, {}], validations
 
 
 def test_the_one_shot_run_checks_and_resolves_its_request_once(database_url, engine, validations, monkeypatch):
