@@ -5,15 +5,16 @@ FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 RUN useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin scrinalia
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml setup.py MANIFEST.in README.md alembic.ini ./
 COPY scrinalia ./scrinalia
 COPY runner ./runner
+# Installed as scrinalia._migrations, scrinalia._ui, scrinalia._systemd (setup.py): all three must be here.
 COPY migrations ./migrations
+COPY ui ./ui
+COPY systemd ./systemd
 
 FROM base AS api
 RUN pip install '.[api]'
-COPY ui ./ui
-ENV API_UI_DIR=/app/ui
 USER scrinalia
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=3s --retries=4 \

@@ -10,6 +10,9 @@ Modules, one per concept:
 * ``finisher``    the one writer of terminal rows in the parent (``ledger.finish``);
 * ``children``    a table entry: the process, its channel, its output, its resources;
 * ``ledger_link`` every protocol statement of the supervisor, and the database's state;
+* ``ledger_port`` the interface of every protocol statement (``LedgerPort``); its adapters: ``pg_ledger``
+                  (PostgreSQL, through the ledger module's functions) and ``memory_ledger`` (in memory,
+                  PostgreSQL's semantics on a given clock: the simulator's database);
 * ``bounded``     the client-side bound of each of its database steps: none outlives the fence point;
 * ``stall``       the per-child liveness rule (no message and no CPU work for the stall timeout);
 * ``signals``     the self-pipe that brings signals into the loop;

@@ -9,7 +9,7 @@ It is started either by the fork server (forked from a preloaded interpreter) or
 2. receives its assignment over that socket: the claimed ``WorkerRun``, its configuration as the
    supervisor resolved it (and already wrote with the fenced ``record_start``), how to reach the database;
 3. runs the worker through ``RunContext``, reporting progress (throttled) and showing it in its process
-   title (``scrinalia-runner: run 1a2b3c4d embedding batch 7/30``);
+   title (``scrinalia-runner: run 9f3c2a7d4e1b embedding batch 7/30``, the short id of run_ids.short_id);
 4. sends its result (status, summary, error, metrics) and exits. It never writes the run's row: the
    parent writes the terminal status, fenced. A crash sends nothing; the parent reads the exit status.
 """
@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 
 from runner import procinfo, wire
 from runner.outcome import fit_error, format_error
+from scrinalia.domains.archive.run_ids import short_id
 
 PR_SET_PDEATHSIG = 1
 EXIT_ORPHANED = 76   # the parent was already gone at start, or went away
@@ -107,7 +108,7 @@ class ParentLink:
 
     def __init__(self, sock: socket.socket, run: Any) -> None:
         self.sock = sock
-        self.short_id = run.run_id.hex[:8]
+        self.short_id = short_id(run.run_id)
         self.worker = run.worker_name
         self.batch_size: int | None = None
         self.progress: dict[str, Any] | None = None

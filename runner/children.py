@@ -18,6 +18,7 @@ from runner.devices import Device
 from runner.run_state import RunState
 from runner.stall import StallWatch
 from scrinalia.domains.archive.ledger import WorkerRun
+from scrinalia.domains.archive.run_ids import short_id
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -117,7 +118,7 @@ class Child:
 
     @property
     def short_id(self) -> str:
-        return self.run.run_id.hex[:8]
+        return short_id(self.run.run_id)
 
     @property
     def label(self) -> str:

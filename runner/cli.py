@@ -162,10 +162,21 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
               help="A control socket (default: every *.sock of this session's runtime directory and of "
                    "/run/scrinalia-runner, the systemd runner's).")
 @click.option("--name", default=None, help="The local runner with this --name.")
-def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, name: str | None) -> None:
+@click.option("--watch", "watch_", is_flag=True,
+              help="A live view, redrawn every --interval seconds: children with progress, rate, ETA, memory and "
+                   "lease, and the runner's database state; q quits.")
+@click.option("--interval", type=click.FloatRange(0.2, 60), default=1.0, show_default=True,
+              help="Seconds between redraws of --watch.")
+def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, name: str | None, watch_: bool,
+                   interval: float) -> None:
     """Show the local supervisor's children (over its control socket), or the registry with --all."""
     from runner import status
 
+    if watch_:
+        if as_json:
+            raise click.UsageError("--watch draws a live view; it does not go with --json")
+        _watch(all_runners, socket_path, name, interval)
+        return
     if all_runners:
         rows = _registry_rows()
         click.echo(status.dumps([status.runner_row_json(r) for r in rows]) if as_json else status.render_registry(rows))
@@ -177,17 +188,39 @@ def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, n
         click.echo("\n\n".join(status.render_status(a) for a in answers))
 
 
-def _registry_rows() -> list[Any]:
+def _watch(all_runners: bool, socket_path: Path | None, name: str | None, interval: float) -> None:
+    from runner import control, watch
+
+    if not all_runners:
+        answers = _local_answers(socket_path, name)  # fails now, as status does, when nobody answers
+        paths = ([socket_path] if socket_path is not None else [opts.default_socket_path(name)] if name is not None
+                 else _sockets_in(opts.status_dirs())[0])
+        title = ", ".join(str(a.get("name")) for a in answers)
+        watch.watch(watch.local_source(paths, control.query), title=f"runner {title}", interval=interval)
+        return
+    engine = _status_engine()
+    try:
+        watch.watch(watch.registry_source(engine), title="every live runner (registry)", interval=interval)
+    finally:
+        engine.dispose()
+
+
+def _status_engine() -> Any:
     from scrinalia.db.engine import runner_engine
-    from scrinalia.db.errors import database_errors, database_problem
-    from scrinalia.domains.archive import registry
 
     settings = _settings()
     try:
-        engine = runner_engine(settings, application_name="scrinalia-runner-status", connect_args={
+        return runner_engine(settings, application_name="scrinalia-runner-status", connect_args={
             "connect_timeout": 5, "options": "-c statement_timeout=10000 -c lock_timeout=5000"})
     except Exception as exc:
         _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+
+
+def _registry_rows() -> list[Any]:
+    from scrinalia.db.errors import database_errors, database_problem
+    from scrinalia.domains.archive import registry
+
+    engine = _status_engine()
     try:
         return registry.list_runners(engine)
     except database_errors() as exc:  # one line, never a traceback (exit 5)
@@ -248,21 +281,29 @@ def _sockets_in(directories: list[Path]) -> tuple[list[Path], list[str]]:
 @click.option("--preset", default=None)
 @click.option("--batch", "db_batch_size", type=int, default=None, help="Units per database batch.")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE",
-              help="A worker option; VALUE is a JSON scalar (true, 3, null) or else a string. Repeatable.")
+              help="A worker option, read by its declared type (3 for an int, true/false for a bool, JSON for "
+                   "a list or an object, the text for a string). Repeatable.")
+@click.option("--engine-option", "engine_option_pairs", multiple=True, metavar="KEY=VALUE",
+              help="An engine option (model=/srv/models/ner, device=cuda), read like --option. Repeatable.")
+@click.option("--request", "request_json", default=None, metavar="JSON",
+              help="The run request as the API takes it: {\"engine_name\": ..., \"preset\": ..., \"db_batch_size\": "
+                   "..., \"options\": {...}, \"engine_options\": {...}}; '@FILE' reads it from FILE. The flags "
+                   "above override its fields.")
 @click.option("--by", "requested_by", default=None, help="Who asks (default: the OS user).")
 @click.option("--lease", type=float, default=60.0, show_default=True)
 @click.option("--heartbeat", type=float, default=15.0, show_default=True)
 @click.option("--max-runtime", type=float, default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the final row as JSON.")
 @click.option("--log-level", default="WARNING", show_default=True)
-def run_command(worker, engine_name, preset, db_batch_size, option_pairs, requested_by, lease, heartbeat,
-                max_runtime, as_json, log_level) -> None:
+def run_command(worker, engine_name, preset, db_batch_size, option_pairs, engine_option_pairs, request_json,
+                requested_by, lease, heartbeat, max_runtime, as_json, log_level) -> None:
     """Run WORKER once, now, in the foreground (Ctrl-C: cancel; again: kill).
 
     Exit: 0 SUCCESS, 1 FAILED, 2 usage, 3 the worker's slot is busy, 4 schema behind, 130 cancelled.
     """
     setup_logging(log_level)
-    request = _run_request(engine_name, preset, db_batch_size, option_pairs)
+    request = _run_request(worker, engine_name, preset, db_batch_size, option_pairs, engine_option_pairs,
+                           request_json)
     settings, url = _parent_settings()
     row = _run_once(url, settings, worker, request, requested_by=requested_by, lease_seconds=lease,
                     heartbeat_seconds=heartbeat, max_runtime=max_runtime)
@@ -274,24 +315,43 @@ def run_command(worker, engine_name, preset, db_batch_size, option_pairs, reques
     sys.exit(opts.EXIT_FAILED)
 
 
-def _run_request(engine_name: str | None, preset: str | None, db_batch_size: int | None,
-                 option_pairs: tuple[str, ...]) -> dict[str, Any]:
-    """The run's request from the command line (validated later, by the shared validation)."""
-    from runner.oneshot import parse_option
+def _run_request(worker: str, engine_name: str | None, preset: str | None, db_batch_size: int | None,
+                 option_pairs: tuple[str, ...], engine_option_pairs: tuple[str, ...] = (),
+                 request_json: str | None = None) -> dict[str, Any]:
+    """The run's request from the command line: ``--request`` (the API's JSON), then the flags over it,
+    each ``KEY=VALUE`` read by the catalogue's declared type. Judged later by the shared validation,
+    the API's, with its messages (exit 2)."""
+    from runner.oneshot import parse_option, request_from_json
+    from scrinalia.domains.archive.errors import InvalidRunRequest
+    from scrinalia.domains.archive.workers.plugins import load_catalogue
+    from scrinalia.domains.archive.workers.validation import option_from_text
 
-    options: dict[str, Any] = {}
-    for pair in option_pairs:
-        try:
-            key, value = parse_option(pair)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
-        options[key] = value
-    request: dict[str, Any] = {}
+    try:
+        request = request_from_json(request_json) if request_json is not None else {}
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     for key, value in (("engine_name", engine_name), ("preset", preset), ("db_batch_size", db_batch_size)):
         if value is not None:
             request[key] = value
-    if options:
-        request["options"] = options
+    spec = load_catalogue().get(worker)
+    chosen = request.get("engine_name") if isinstance(request.get("engine_name"), str) else None
+    for section, flag, pairs in (("options", "--option", option_pairs),
+                                 ("engine_options", "--engine-option", engine_option_pairs)):
+        if not pairs:
+            continue
+        values = dict(request.get(section) or {}) if isinstance(request.get(section), dict) else {}
+        for pair in pairs:
+            try:
+                key, text = parse_option(pair, flag)
+                if section == "options" and key.startswith("engine_options."):
+                    raise click.UsageError(f"{flag} {pair!r}: an engine option takes --engine-option "
+                                           f"{key.removeprefix('engine_options.')}=VALUE")
+                values[key] = option_from_text(spec, section, key, text, chosen)
+            except InvalidRunRequest as exc:
+                _fail(opts.EXIT_USAGE, str(exc))
+            except ValueError as exc:
+                raise click.UsageError(str(exc)) from None
+        request[section] = values
     return request
 
 

@@ -135,6 +135,7 @@ def serve_daemon(options: RunnerOptions, settings: Any, url: Any, database: tupl
     from runner.sdnotify import Notifier
     from runner.supervisor import Supervisor
     from scrinalia.db.errors import database_problem
+    from scrinalia.domains.archive.model_dirs import seen_model_dirs
 
     engine, revision = database
     gpu = GpuProbe()
@@ -154,7 +155,8 @@ def serve_daemon(options: RunnerOptions, settings: Any, url: Any, database: tupl
         launcher=launcher, mode="daemon", notifier=Notifier(), gpu=gpu, devices=planner, control=control,
         registration=registration(options, capabilities, kind="daemon",
                                   schema_revision=revision,
-                                  devices=planner.registry_devices(nvml_devices)),
+                                  devices=planner.registry_devices(nvml_devices),
+                                  sees=seen_model_dirs(catalogue, capabilities, engine)),
         wakeup=_wakeup(options, engine, capabilities, settings), catalogue=catalogue,
     )
     try:
@@ -181,8 +183,11 @@ def _wakeup(options: RunnerOptions, engine: Any, capabilities: list[str], settin
     from runner.wakeup import Wakeup
     from scrinalia.db.engine import connect_args_for
 
-    args = connect_args_for(settings, "scrinalia-runner-listen")
-    return Wakeup.for_engine(engine, capabilities, **args)
+    direct = settings.runner_session_url() if settings is not None else None
+    args = connect_args_for(settings, "scrinalia-runner-listen", direct.url if direct is not None else None)
+    if direct is not None:
+        log.info("listening for notifications on RUNNER_DATABASE_SESSION_URL / DATABASE_SESSION_URL (%s)", direct)
+    return Wakeup.for_engine(engine, capabilities, url=direct.url if direct is not None else None, **args)
 
 
 def _log_devices(options: RunnerOptions, planner: Any, nvml_devices: list[dict[str, Any]]) -> None:

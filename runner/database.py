@@ -107,6 +107,7 @@ def registration(
     kind: str,
     schema_revision: str | None,
     devices: list[dict[str, Any]] | None = None,
+    sees: dict[str, Any] | None = None,
 ) -> RunnerRegistration:
     return RunnerRegistration(
         runner_id=uuid.uuid4(),
@@ -122,4 +123,5 @@ def registration(
         poll_seconds=options.poll_seconds if kind == "daemon" else None,
         kind=kind,
         devices=devices or [],
+        sees=sees or {},
     )

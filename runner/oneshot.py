@@ -8,11 +8,11 @@ of this process leaves a RUNNING row whose lease expires; the next runner or CLI
 from __future__ import annotations
 
 import getpass
-import json
 import logging
 import sys
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from runner.database import check_schema, child_connect_args, parent_engine, registration
@@ -112,19 +112,33 @@ def _user() -> str:
 # --- option parsing and the progress bar (the CLI's side) -------------------------------------------
 
 
-def parse_option(text: str) -> tuple[str, Any]:
-    """``k=v``: v as a JSON scalar (true, false, null, numbers), else as the string itself."""
+def parse_option(text: str, flag: str = "--option") -> tuple[str, str]:
+    """``k=v`` -> (k, v): the text as typed; the catalogue's declared type reads it
+    (``validation.option_from_text``)."""
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ValueError(f"--option {text!r} must look like key=value")
+        raise ValueError(f"{flag} {text!r} must look like key=value")
+    return key, raw
+
+
+def request_from_json(text: str) -> dict[str, Any]:
+    """``--request``: the API's JSON run request (``@FILE`` reads it from FILE), through the bounded
+    reader; an object, or ``ValueError`` saying why not."""
+    from scrinalia import bounded_json
+
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"--request {text}: {exc.strerror or exc}") from None
     try:
-        value = json.loads(raw)
-    except ValueError:
-        return key, raw
-    if isinstance(value, (dict, list)):
-        return key, raw  # only scalars are parsed; a structure stays the string that was typed
-    return key, value
+        value = bounded_json.loads(text)
+    except bounded_json.JsonRefused as exc:
+        raise ValueError(f"--request {exc.message}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--request must be a JSON object (the API's run request)")
+    return value
 
 
 class ProgressBar:

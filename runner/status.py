@@ -12,6 +12,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from scrinalia.domains.archive.run_ids import short_id
+from scrinalia.wording import plural_word
+
 # Field -> meaning. The tests check that the JSON has exactly these top-level fields.
 STATUS_FIELDS: dict[str, str] = {
     "runner_id": "the runner's id (archive_worker_runners.runner_id)",
@@ -31,6 +34,10 @@ STATUS_FIELDS: dict[str, str] = {
                 "last_heartbeat_age_seconds: seconds since the last renewed heartbeat, "
                 "statements: protocol statements sent since start, by step (heartbeat, claim, "
                 "expire_leases, record_start, finish, ...)}",
+    "notifications": "{state: hears (the LISTEN is up and a probe came back: the poll is a safety net)|deaf "
+                     "(a NOTIFY to itself never came back, e.g. through PgBouncer in transaction mode: "
+                     "claiming every --poll)|connecting|down|off (--no-listen), error: the last LISTEN "
+                     "error or null, reconnects}",
     "lease_margin_seconds": "seconds left on the lease of the last heartbeat (the children are killed at "
                             "fence_margin_seconds), or null before the first heartbeat",
     "fence_margin_seconds": "the margin at which the supervisor self-fences",
@@ -74,6 +81,7 @@ def supervisor_status(sup: Any) -> dict[str, Any]:
             if sup.lease.last_ok is not None else None,
             "statements": dict(sup.db.statements),
         },
+        "notifications": _notifications(sup.services.wakeup),
         "lease_margin_seconds": round(margin, 3) if margin != float("inf") else None,
         "fence_margin_seconds": round(sup.options.fence_margin, 3),
         "heartbeat_seconds": sup.options.heartbeat_seconds,
@@ -88,6 +96,13 @@ def supervisor_status(sup: Any) -> dict[str, Any]:
     }
     assert set(snapshot) == set(STATUS_FIELDS)
     return snapshot
+
+
+def _notifications(wakeup: Any) -> dict[str, Any]:
+    """The LISTEN's state (runner.wakeup.Wakeup.state), or ``off`` without one."""
+    if wakeup is None:
+        return {"state": "off", "error": None, "reconnects": 0}
+    return dict(wakeup.state())
 
 
 def _bytes(value: Any) -> str:
@@ -115,7 +130,11 @@ def _progress(progress: Any) -> str:
         return "-"
     total = progress.get("total")
     text = f"{progress['done']}/{total}" if total is not None else str(progress["done"])
-    return f"{text} {progress.get('unit') or ''}".strip()
+    unit = progress.get("unit")
+    if not unit:
+        return text
+    # "190/200 documents", "1/1 document", "0 documents": the count that is the unit's is the total
+    return f"{text} {plural_word(total if total is not None else progress['done'], str(unit))}"
 
 
 def render_status(status: dict[str, Any]) -> str:
@@ -124,7 +143,7 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"  GPU {_device(d)}  {d.get('name') or ''}  {len(d['children'])}/{d['slots']} slots busy"
                      + (f"  {_bytes(d['memory_total_bytes'])}" if d.get("memory_total_bytes") else ""))
     if status["children"]:
-        lines.append(f"  {'PID':>7}  {'RUN':<36}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} "
+        lines.append(f"  {'PID':>7}  {'RUN':<12}  {'WORKER':<20} {'PHASE':<9} {'ELAPSED':>8}  {'PROGRESS':<18} "
                      f"{'RSS':>10} {'GPU':>10}  DEVICE")
         lines.extend(_child_line(c) for c in status["children"])
     else:
@@ -145,6 +164,8 @@ def _header_lines(status: dict[str, Any]) -> list[str]:
         f"  database {db['state']}" + (f" ({db['error']})" if db["error"] else "")
         + (f"  last heartbeat {age:.1f}s ago" if age is not None else "")
         + (f"  lease margin {margin:.1f}s" if margin is not None else ""),
+        f"  notifications {status['notifications']['state']}"
+        + ("  (they do not arrive: claiming every --poll)" if status["notifications"]["state"] == "deaf" else ""),
         f"  {len(status['children'])}/{status['concurrency']} busy  capabilities {','.join(status['capabilities'])}"
         f"  launcher {status['launcher'].get('start_method')}",
         "  counters " + " ".join(f"{k}={v}" for k, v in status["counters"].items()),
@@ -152,7 +173,7 @@ def _header_lines(status: dict[str, Any]) -> list[str]:
 
 
 def _child_line(c: dict[str, Any]) -> str:
-    return (f"  {c['pid']:>7}  {c['run_id']:<36}  {c['worker'][:20]:<20} {c['phase']:<9} "
+    return (f"  {c['pid']:>7}  {short_id(c['run_id']):<12}  {c['worker'][:20]:<20} {c['phase']:<9} "
             f"{c['elapsed_seconds']:>7.1f}s  {_progress(c['progress'])[:18]:<18} {_bytes(c['rss_bytes']):>10} "
             f"{_bytes(c['gpu_memory_bytes']):>10}  {_device(c.get('device'))}"
             + ("  cancel requested" if c["cancel_requested"] else ""))

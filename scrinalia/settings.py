@@ -5,9 +5,12 @@ hide the password, and every validation error names the variable but never echoe
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -52,28 +55,131 @@ class DatabaseUrl:
         return hash(self.render())
 
 
+#: libpq's connection parameters that say where the server is; everything else stays in the query.
+_WHERE = ("user", "password", "dbname", "host", "port")
+#: SQLAlchemy's own multi-host form (``?host=h1:p1&host=h2:p2``): a ``host`` query value with a port.
+_UNKNOWN_OPTION = re.compile(r'invalid connection option "([A-Za-z_]+)"')
+_HOST_WITH_PORT = re.compile(r"^[A-Za-z0-9.\-]+:\d*$")
+
+
 def parse_database_url(raw: str, variable: str = "DATABASE_URL") -> URL:
-    """Parse and normalise a PostgreSQL URL to the psycopg 3 driver; errors never contain ``raw``."""
-    hint = f"{variable} must look like postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+    """Parse and normalise a PostgreSQL URL to the psycopg 3 driver; errors never contain ``raw``.
+
+    Every form libpq or SQLAlchemy accepts (decision 0120): libpq's URI, with several hosts
+    (``postgresql://u@h1:p1,h2:p2/db?target_session_attrs=read-write``), a unix-socket directory (``?host=/run/
+    postgresql`` or a percent-encoded path as the host) or any libpq parameter in its query; libpq's
+    ``key=value`` connection string; SQLAlchemy's URL (``postgresql+psycopg://``, and its multi-host
+    form ``?host=h1:p1&host=h2:p2``). libpq's forms are read by libpq itself (``conninfo_to_dict``), so
+    they mean exactly what they mean to psql; the result is one SQLAlchemy URL whose hosts and ports,
+    when there are several (or a socket directory), travel as ``host=``/``port=`` query values, the form
+    the psycopg dialect hands back to libpq unchanged. Every parameter is checked by libpq's parser
+    before any connection is tried, so a misspelt one is refused at start, by name."""
+    hint = (f"{variable} must look like postgresql://USER:PASSWORD@HOST:PORT/DATABASE (several hosts: "
+            "postgresql://USER:PASSWORD@HOST1:PORT1,HOST2:PORT2/DATABASE?target_session_attrs=read-write)")
     if not raw or not raw.strip():
         raise SettingsError(f"{variable} is empty; {hint}")
+    text = raw.strip()
     try:
-        url = make_url(raw.strip())
-    except Exception:  # sqlalchemy's message quotes the input, which may hold a password
+        url = _libpq_url(text) if _is_libpq_form(text) else make_url(text)
+    except SettingsError as exc:
+        raise SettingsError(f"{variable} is not a valid URL: {exc}; {hint}") from None
+    except Exception:  # the parsers' messages quote the input, which may hold a password
         raise SettingsError(f"{variable} is not a valid URL; {hint}") from None
     if url.drivername not in _SCHEMES:
         raise SettingsError(
             f"{variable} uses the scheme {url.drivername!r}; only PostgreSQL is supported ({hint})"
         )
+    url = url.set(drivername="postgresql+psycopg")
     if not url.database:
         raise SettingsError(f"{variable} names no database; {hint}")
     try:
+        _check_ports(url)
+        _check_parameters(url)
+    except SettingsError as exc:
+        raise SettingsError(f"{variable} is not a valid URL: {exc}; {hint}") from None
+    return url
+
+
+def _is_libpq_form(text: str) -> bool:
+    """libpq reads it (a ``key=value`` string, or a ``postgresql://``/``postgres://`` URI), unless it is
+    SQLAlchemy's: a driver in the scheme, or its multi-host query (``host`` repeated, or ``host=h:p``)."""
+    if "://" not in text:
+        return True
+    scheme, _, rest = text.partition("://")
+    if scheme not in ("postgresql", "postgres"):
+        return False
+    hosts = parse_qs(urlsplit("x://" + rest).query).get("host", [])
+    return not (len(hosts) > 1 or any(_HOST_WITH_PORT.match(h) for h in hosts))
+
+
+def _libpq_url(text: str) -> URL:
+    """libpq's URI or ``key=value`` string as a SQLAlchemy URL (see ``parse_database_url``)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    if "://" in text:  # name a misspelt query parameter (a name is no secret; libpq's message may quote the URI)
+        _refuse_unknown(parse_qs(urlsplit(text).query).keys())
+    try:
+        parsed = conninfo_to_dict(text)
+    except Exception as exc:  # keep only an unknown option's NAME from libpq's message (never a value)
+        unknown = _UNKNOWN_OPTION.search(str(exc))
+        if unknown:
+            raise SettingsError(f"libpq knows no connection parameter {unknown.group(1)}") from None
+        raise
+    params = {k: str(v) for k, v in parsed.items()}
+    user, password, dbname = params.pop("user", None), params.pop("password", None), params.pop("dbname", None)
+    host, port = params.pop("host", None), params.pop("port", None)
+    simple = host is not None and "," not in host and not host.startswith("/") and "," not in (port or "")
+    if host is None or simple:
+        if port is not None and not port.isdigit():
+            raise SettingsError("its port is not a number")
+        return URL.create("postgresql", username=user, password=password, host=host,
+                          port=int(port) if port else None, database=dbname, query=params)
+    query = {**params, "host": host, **({"port": port} if port else {})}
+    return URL.create("postgresql", username=user, password=password, database=dbname, query=query)
+
+
+def _check_ports(url: URL) -> None:
+    try:
         port = url.port
     except ValueError:
-        raise SettingsError(f"{variable} has a port that is not a number; {hint}") from None
-    if port is not None and not 0 < port < 65536:
-        raise SettingsError(f"{variable} has a port out of range; {hint}")
-    return url.set(drivername="postgresql+psycopg")
+        raise SettingsError("its port is not a number") from None
+    query_ports = url.query.get("port")
+    values = [port] if port is not None else []
+    for item in (query_ports,) if isinstance(query_ports, str) else (query_ports or ()):
+        values += [int(p) if p.strip().isdigit() else -1 for p in item.split(",") if p.strip()]
+    if any(not 0 < p < 65536 for p in values):
+        raise SettingsError("it has a port that is not a number from 1 to 65535")
+
+
+def _check_parameters(url: URL) -> None:
+    """What the driver will get, through libpq's own parser: an unknown parameter, a host/port count
+    that does not match, or a mix of the two multi-host forms is refused now, not at the first connect."""
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+    if url.host and "host" in url.query:
+        raise SettingsError("it names its hosts twice (before the path and in ?host=)")
+    try:
+        _, params = PGDialect_psycopg().create_connect_args(url)
+    except Exception:  # sqlalchemy's ArgumentError: mixed multi-host forms, unmatched hosts and ports
+        raise SettingsError("its hosts and ports do not match (one port, or one per host)") from None
+    hosts = str(params.get("host") or "").split(",")
+    ports = str(params.get("port") or "").split(",")
+    if len(hosts) > 1 and len(ports) > 1 and len(hosts) != len(ports):
+        raise SettingsError("its hosts and ports do not match (one port, or one per host)")
+    _refuse_unknown(params)
+
+
+def _refuse_unknown(names: Iterable[str]) -> None:
+    from psycopg.conninfo import make_conninfo
+
+    unknown: list[str] = []
+    for name in names:
+        try:
+            make_conninfo("", **{name: "1"})
+        except Exception:
+            unknown.append(name)
+    if unknown:
+        raise SettingsError(f"libpq knows no connection parameter {', '.join(sorted(unknown))}")
 
 
 _CONFIG = SettingsConfigDict(env_file=None, extra="ignore", hide_input_in_errors=True, case_sensitive=False)
@@ -91,11 +197,18 @@ class DatabaseTls(BaseSettings):
     db_sslmode: SSLMode = "prefer"
     db_sslrootcert: Path | None = None
 
+    @field_validator("db_sslrootcert", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """``DB_SSLROOTCERT=`` (an empty line of an env file) means "not set", not the current directory."""
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("db_sslrootcert")
     @classmethod
     def _cert_exists(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
-            raise ValueError(f"DB_SSLROOTCERT {value} is not a readable file")
+            raise ValueError(f"DB_SSLROOTCERT={str(value)!r} is not a readable file (a PEM file of the CA that "
+                             "signed the server's certificate; leave it empty or unset for libpq's default)")
         return value
 
 
@@ -108,11 +221,24 @@ class Settings(DatabaseTls):
     runner_database_url: SecretStr | None = Field(
         default=None, description="The runner's least-privilege database URL (role scrinalia_runner)"
     )
+    database_session_url: SecretStr | None = Field(
+        default=None, description="A direct connection (no transaction pooler) for LISTEN and the scheduler's lock"
+    )
+    runner_database_session_url: SecretStr | None = Field(
+        default=None, description="The runner's direct connection for its LISTEN (else DATABASE_SESSION_URL)"
+    )
     db_pool_size: int = Field(default=5, ge=1, le=100)
     db_pool_max_overflow: int = Field(default=10, ge=0, le=200)
     db_pool_timeout: float = Field(default=30.0, gt=0, le=600)
+    scheduler_quarantine_after: int = Field(
+        default=3, ge=0, le=100,
+        description="Retry chains in a row that ended FAILED with one fingerprint before the scheduler "
+                    "quarantines the schedule (0: never)")
+    run_samples_retention_days: int = Field(
+        default=14, ge=1, le=3650,
+        description="Days a run's chart samples are kept (the scheduler prunes older ones)")
 
-    @field_validator("database_url", "runner_database_url")
+    @field_validator("database_url", "runner_database_url", "database_session_url", "runner_database_session_url")
     @classmethod
     def _valid_url(cls, value: SecretStr | None, info) -> SecretStr | None:
         if value is not None:
@@ -129,6 +255,20 @@ class Settings(DatabaseTls):
         if self.runner_database_url is not None:
             return DatabaseUrl(self.runner_database_url.get_secret_value(), "RUNNER_DATABASE_URL")
         return self.require_database_url()
+
+    def session_url(self) -> DatabaseUrl | None:
+        """``DATABASE_SESSION_URL``: where the API's LISTEN and the scheduler's leader lock connect when
+        ``DATABASE_URL`` goes through a transaction pooler (decision 0122); None: ``DATABASE_URL``."""
+        if self.database_session_url is None:
+            return None
+        return DatabaseUrl(self.database_session_url.get_secret_value(), "DATABASE_SESSION_URL")
+
+    def runner_session_url(self) -> DatabaseUrl | None:
+        """The runner's LISTEN: ``RUNNER_DATABASE_SESSION_URL`` when set, else ``DATABASE_SESSION_URL``
+        (as ``runner_url`` falls back to ``DATABASE_URL``); None: the runner's own URL."""
+        if self.runner_database_session_url is not None:
+            return DatabaseUrl(self.runner_database_session_url.get_secret_value(), "RUNNER_DATABASE_SESSION_URL")
+        return self.session_url()
 
 
 def settings_error(exc: ValidationError, prefix: str = "") -> SettingsError:

@@ -20,10 +20,11 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.routing import APIRoute
 from sqlalchemy import Engine
 
+from scrinalia import bundled
 from scrinalia.api import catalogue_view, errors
 from scrinalia.api.context import AppContext
-from scrinalia.api.middleware import SecurityHeaders, trusted_proxies
-from scrinalia.api.routers import auth, events, health, runners, runs, schedules, workers
+from scrinalia.api.middleware import BoundedJsonBodies, SecurityHeaders, trusted_proxies
+from scrinalia.api.routers import auth, charts, events, health, runners, runs, schedules, workers
 from scrinalia.api.schemas import storable_inputs
 from scrinalia.api.security import system_guard
 from scrinalia.api.settings import ApiSettings, load_api_settings
@@ -32,7 +33,6 @@ from scrinalia.settings import Settings, get_settings
 
 API_PREFIX = "/api/v1"
 SYSTEM_PREFIX = f"{API_PREFIX}/system"
-DEFAULT_UI_DIR = Path(__file__).resolve().parents[2] / "ui"
 
 log = logging.getLogger("scrinalia.api")
 
@@ -45,6 +45,7 @@ def system_router() -> APIRouter:
     router.include_router(runners.router)
     router.include_router(schedules.router)
     router.include_router(events.router)
+    router.include_router(charts.router)
     return router
 
 
@@ -74,6 +75,7 @@ def create_app(
         context.events.install_shutdown_hook()  # open event streams must not hold up a shutdown
         yield
         await context.events.close()
+        await context.stream_sessions.close()
         if context.owns_engine:
             context.engine.dispose()
 
@@ -104,7 +106,7 @@ def create_app(
     assert_system_routes_guarded(app)
 
     # The panel's static files, registered last so every API route wins over a file of the same path.
-    directory = Path(ui_dir or api.ui_dir or DEFAULT_UI_DIR)
+    directory = Path(ui_dir or api.ui_dir or bundled.ui_dir())
     if directory.is_dir():
         from fastapi.staticfiles import StaticFiles
 
@@ -113,12 +115,13 @@ def create_app(
 
 
 def _wrap_every_answer(app: FastAPI, proxy_networks: list[str]) -> None:
-    """The forwarded-header rewrite (trusted proxies only) and the security headers around Starlette's
-    whole stack, its own 500 answer included (``add_middleware`` would sit inside that one)."""
+    """The forwarded-header rewrite (trusted proxies only), the security headers and the bounded JSON
+    bodies around Starlette's whole stack, its own 500 answer included (``add_middleware`` would sit
+    inside that one)."""
     build = app.build_middleware_stack
 
     def build_wrapped():
-        return trusted_proxies(SecurityHeaders(build()), proxy_networks)
+        return trusted_proxies(SecurityHeaders(BoundedJsonBodies(build())), proxy_networks)
 
     app.build_middleware_stack = build_wrapped  # type: ignore[method-assign]  # wraps Starlette's own stack
 

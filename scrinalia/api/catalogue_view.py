@@ -106,6 +106,23 @@ def effective_settings(spec: WorkerSpec, engine: Engine | None, layer: DatabaseL
     return out
 
 
+def settings_warnings(spec: WorkerSpec, engine: Engine) -> list[dict[str, str]]:
+    """A warning per model directory of the effective settings that no online runner of ``spec`` saw
+    on its host when it registered (decision 0145); none when the settings do not resolve (that is the
+    effective settings' own error) or no runner reports what it sees."""
+    from scrinalia.domains.archive import registry
+    from scrinalia.domains.archive.model_dirs import unseen_warnings
+
+    try:
+        resolved = spec.resolve(engine, {})
+    except Exception:
+        return []
+    if not any(o.type == "path" for o in spec.options.values()) and not any(
+            o.type == "path" for e in spec.engines.values() for o in e.options.values()):
+        return []
+    return unseen_warnings(spec, resolved, registry.list_runners(engine, stopped_within_hours=0))
+
+
 def database_layer(engine: Engine | Connection, specs: Mapping[str, WorkerSpec],
                    persisted: Mapping[str, Mapping[str, Any]]) -> DatabaseLayer:
     """The resolver's database part for many workers at once: ``persisted`` (every worker's settings

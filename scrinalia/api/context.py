@@ -18,6 +18,7 @@ from scrinalia.settings import Settings
 
 if TYPE_CHECKING:
     from scrinalia.api.events import EventHub
+    from scrinalia.api.stream_sessions import SessionWatch
 
 
 @dataclass
@@ -43,7 +44,17 @@ class AppContext:
         from scrinalia.api.events import EventHub
         from scrinalia.db.engine import connect_args_for
 
-        return EventHub.for_engine(self.engine, **connect_args_for(self.settings, "scrinalia-api-events"))
+        direct = self.settings.session_url() if self.settings is not None else None
+        url = direct.url if direct is not None else None
+        return EventHub.for_engine(self.engine, url=url, workers=frozenset(self.catalogue),
+                                   **connect_args_for(self.settings, "scrinalia-api-events", url))
+
+    @cached_property
+    def stream_sessions(self) -> SessionWatch:
+        """The sessions of the open streams, checked again every few seconds (decision 0141)."""
+        from scrinalia.api.stream_sessions import SessionWatch
+
+        return SessionWatch(self.engine)
 
     @cached_property
     def lockout(self) -> LockoutPolicy:

@@ -8,6 +8,12 @@ connection is lost the streams get ``offline`` (the panel polls at its fallback 
 back, ``resync``. The connection
 is opened with the first subscriber, not at start, so an API that no panel watches listens to nothing.
 
+The LISTEN connects to ``DATABASE_SESSION_URL`` when one is set (a direct connection past a transaction
+pooler), else to ``DATABASE_URL``; either way the hub trusts it only once a NOTIFY it sends itself (from
+the API's engine, on a thread) has come back. Until then the streams' ``hello`` says ``listening: false``
+and the panel polls; when the probe never comes back the hub is ``deaf`` (said once in the log and in
+``/healthz``'s ``notifications``) and stays on polling (decision 0123).
+
 Uvicorn waits for open responses before it shuts down, and a stream never ends by itself: the hub
 chains the server's SIGTERM/SIGINT handler (``install_shutdown_hook``) and ends every stream first.
 """
@@ -18,12 +24,16 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import SQLAlchemyError
 
-from scrinalia.domains.archive.ledger_events import RESYNC, LedgerEvent, LedgerListener, conninfo_for
+from scrinalia.api.metrics import event_dropped
+from scrinalia.domains.archive.ledger_events import RESYNC, LedgerEvent, LedgerListener, conninfo_for, send_probe
 
 log = logging.getLogger("scrinalia.api.events")
 
@@ -31,6 +41,7 @@ QUEUE_SIZE = 256
 MAX_WAIT_SECONDS = 5.0
 CLOSED = LedgerEvent("closed")    # the hub is going away: end the stream (the browser reconnects)
 OFFLINE = LedgerEvent("offline")  # the LISTEN connection is lost: the panel polls until the next resync
+DEAF_HINT = "Give the API a direct connection for its LISTEN: DATABASE_SESSION_URL, past the pooler"
 
 
 @dataclass(eq=False)
@@ -54,20 +65,37 @@ class Subscriber:
 class EventHub:
     """The process's single LISTEN connection and its subscribers."""
 
-    def __init__(self, conninfo: str) -> None:
-        self.listener = LedgerListener(conninfo, name="api events")
+    def __init__(self, conninfo: str, workers: Collection[str] | None = None, engine: Engine | None = None) -> None:
+        """``engine``: where the probe NOTIFY is sent from (None: the LISTEN is trusted as accepted)."""
+        # Only events of the triggers' shape, naming a worker of the catalogue, are relayed; the rest is
+        # dropped and counted (scrinalia_events_dropped_total): any database login may NOTIFY.
+        self.listener = LedgerListener(conninfo, name="api events", workers=workers, on_drop=event_dropped,
+                                       probe=engine is not None, deaf_hint=DEAF_HINT)
+        self.engine = engine
         self.subscribers: set[Subscriber] = set()
         self.published = 0
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
     @classmethod
-    def for_engine(cls, engine: Engine, **connect_args: Any) -> EventHub:
-        return cls(conninfo_for(engine, **{"application_name": "scrinalia-api-events", **connect_args}))
+    def for_engine(cls, engine: Engine, workers: Collection[str] | None = None, *, url: URL | None = None,
+                   **connect_args: Any) -> EventHub:
+        """The LISTEN on ``url`` (DATABASE_SESSION_URL) or the engine's database, probed from the engine."""
+        conninfo = conninfo_for(engine, url=url, **{"application_name": "scrinalia-api-events", **connect_args})
+        return cls(conninfo, workers, engine)
 
     @property
     def listening(self) -> bool:
-        return self.listener.listening
+        """Notifications arrive (for a probed LISTEN: its probe came back)."""
+        return self.listener.hears
+
+    def notifications(self) -> str:
+        """For /healthz: hears | deaf | connecting | idle (no stream is open, nothing listens)."""
+        if self.listener.hears:
+            return "hears"
+        if self.listener.hearing == "deaf":
+            return "deaf"
+        return "connecting" if self._task is not None and not self._task.done() else "idle"
 
     def subscribe(self) -> Subscriber:
         sub = Subscriber()
@@ -126,6 +154,8 @@ class EventHub:
             was_listening = self.listener.listening
             for event in self.listener.step():
                 self._publish(event)
+            if self.engine is not None and self.listener.probe_wanted():
+                await self._probe(self.engine)
             if was_listening and not self.listener.listening:
                 self._publish(OFFLINE)
             fd = self.listener.fileno()
@@ -141,6 +171,16 @@ class EventHub:
                 pass
             finally:
                 loop.remove_reader(fd)
+
+
+    async def _probe(self, engine: Engine) -> None:
+        """The listener's probe NOTIFY, on a thread (the engine blocks), from one of the API's connections."""
+        try:
+            await asyncio.to_thread(send_probe, engine, self.listener.probe_channel)
+        except SQLAlchemyError:
+            self.listener.probe_failed()
+            return
+        self.listener.probe_sent()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -63,3 +63,72 @@ def trusted_proxies(app, networks: list[str]):
     if not networks:
         return app
     return ProxyHeadersMiddleware(app, trusted_hosts=networks)
+
+
+class BoundedJsonBodies:
+    """Every JSON request body read through ``scrinalia.bounded_json`` before any route sees it.
+
+    A body larger than ``BODY_MAX_BYTES`` is a 413 (refused from its Content-Length when it has one,
+    else once that much has arrived), one nested deeper than ``BODY_MAX_DEPTH`` or not JSON is a 422
+    naming ``body``: nothing recursive (the JSON decoder, pydantic, the storable-value walk) ever sees a
+    body that could exhaust the stack, and nothing is written. A body that passes is handed on as it
+    came (the route parses it again, now known to be bounded)."""
+
+    def __init__(self, app, *, max_bytes: int | None = None, max_depth: int | None = None) -> None:
+        from scrinalia import bounded_json
+
+        self.app = app
+        self.max_bytes = bounded_json.BODY_MAX_BYTES if max_bytes is None else max_bytes
+        self.max_depth = bounded_json.BODY_MAX_DEPTH if max_depth is None else max_depth
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or ())
+        declared = headers.get(b"content-length", b"").decode("latin-1").strip()
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await _refuse(send, 413, "payload_too_large", f"the body is larger than {self.max_bytes} bytes")
+            return
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                await _refuse(send, 413, "payload_too_large", f"the body is larger than {self.max_bytes} bytes")
+                return
+        if body and b"json" in headers.get(b"content-type", b"").lower():
+            from scrinalia import bounded_json
+
+            try:
+                bounded_json.loads(bytes(body), max_bytes=self.max_bytes, max_depth=self.max_depth)
+            except bounded_json.JsonRefused as exc:
+                await _refuse(send, 422, "validation_failed", f"body: {exc.message}", fields={"body": exc.message})
+                return
+        await self.app(scope, _replay(bytes(body), receive), send)
+
+
+def _replay(body: bytes, receive):
+    """A ``receive`` that hands the already-read body over once, then defers to the real one."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _refuse(send, status: int, code: str, message: str, **extra) -> None:
+    import json
+
+    payload = json.dumps({"error": code, "message": message, **extra}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})

@@ -217,6 +217,16 @@ class WorkerSettingsView(BaseModel):
     effective: dict[str, Any]
 
 
+class Quarantine(BaseModel):
+    """A schedule's crash-loop quarantine (decision 0165)."""
+
+    schedule_id: int
+    quarantined_at: str
+    reason: str | None
+    fingerprint: str | None = Field(description="The error fingerprint the last chains ended with")
+    run_id: str | None = Field(description="The last failed run")
+
+
 class WorkerOut(Open):
     name: str
     label: str
@@ -231,6 +241,8 @@ class WorkerOut(Open):
     last_run: RunOut | None
     runners: list[dict[str, Any]] = Field(description="Online runners that advertise this worker")
     queued_reason: QueuedReason | None = Field(description="For a QUEUED active run: why it is not running yet")
+    quarantine: Quarantine | None = Field(default=None, description="The worker's schedule is quarantined "
+                                                                  "for a crash loop (resume it on Schedules)")
 
 
 class WorkersOut(BaseModel):
@@ -242,10 +254,19 @@ class WorkersOut(BaseModel):
     workers: list[WorkerOut]
 
 
+class SettingsWarning(BaseModel):
+    field: str
+    message: str
+
+
 class SettingsOut(BaseModel):
     worker: str
     persisted: dict[str, Any] | None
     effective: dict[str, Any]
+    warnings: list[SettingsWarning] = Field(
+        default_factory=list,
+        description="What is saved but may not run: a model directory that no online runner of the worker "
+                    "reports seeing on its host (decision 0145)")
 
 
 class RevisionOut(Open):
@@ -309,6 +330,9 @@ class HealthOut(BaseModel):
     database: Literal["ok", "unreachable"]
     schema_state: Literal["current", "behind", "ahead_or_unknown", "unknown"] = Field(alias="schema")
     version: str
+    #: The live panel's LISTEN: hears | deaf (notifications do not arrive, e.g. through PgBouncer in
+    #: transaction mode: the panel polls) | connecting | idle (no stream open). Not part of "status".
+    notifications: Literal["hears", "deaf", "connecting", "idle"] = "idle"
 
 
 # --- schedules ---
@@ -338,6 +362,11 @@ class ScheduleOut(BaseModel):
     last_outcome: str | None = Field(description="enqueued; skipped-busy when the worker's slot was taken; "
                                                  "refused: <field>: <why> when its request no longer validates "
                                                  "(no run written)")
+    quarantined: bool = Field(default=False, description="Paused by the scheduler for a crash loop: its last N "
+                                                         "retry chains ended FAILED with one fingerprint")
+    quarantine: Quarantine | None = Field(default=None, description="Why it is quarantined (null when it is not)")
+    quarantine_resumed_at: str | None = None
+    quarantine_resumed_by: str | None = None
 
 
 class SchedulesOut(BaseModel):

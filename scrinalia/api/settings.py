@@ -68,7 +68,8 @@ class ApiSettings(BaseSettings):
                     "session is checked again); 0 ends it right after its hello",
     )
     ui_dir: str | None = Field(default=None,
-                               description="Static panel directory; default: ui/ of the checkout when present")
+                               description="Static panel directory; default: the panel installed with the package "
+                                           "(ui/ of a checkout)")
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -20,12 +20,12 @@ from sqlalchemy.dialects.postgresql import UUID
 
 from scrinalia import __version__
 from scrinalia.api import catalogue_view
-from scrinalia.db import migrate
 from scrinalia.db.engine import one_statement
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.ledger import RUN_COLUMNS, WorkerRun
 from scrinalia.domains.archive.worker_settings import all_settings
 from scrinalia.domains.archive.workers.sdk import WorkerSpec
+from scrinalia.scheduler.schedules import Schedule, quarantined_schedules
 
 _SECRETISH = re.compile(r"(pass(word)?|secret|token|api[_-]?key|credential|private[_-]?key|dsn|database_url)", re.I)
 REDACTED = "***"
@@ -209,6 +209,15 @@ def _runner_summary(r: dict[str, Any]) -> dict[str, Any]:
     return {k: r[k] for k in keys}
 
 
+def quarantine_json(schedule: Schedule) -> dict[str, Any] | None:
+    """A schedule's crash-loop quarantine as the API shows it (None when it is not quarantined)."""
+    if not schedule.quarantined or schedule.quarantined_at is None:
+        return None
+    return {"schedule_id": schedule.id, "quarantined_at": schedule.quarantined_at.isoformat(),
+            "reason": schedule.quarantine_reason, "fingerprint": schedule.quarantine_fingerprint,
+            "run_id": str(schedule.quarantine_run_id) if schedule.quarantine_run_id is not None else None}
+
+
 def workers_view(engine: Engine, catalogue: dict[str, WorkerSpec], names: list[str] | None = None,
                  counts_cache: catalogue_view.CountsCache | None = None) -> dict[str, Any]:
     specs = {n: catalogue[n] for n in (names if names is not None else catalogue)}
@@ -221,6 +230,7 @@ def workers_view(engine: Engine, catalogue: dict[str, WorkerSpec], names: list[s
         active_last = ledger.active_and_last_runs(conn, list(specs))
         persisted = all_settings(conn)
         layer = catalogue_view.database_layer(conn, specs, persisted)
+        quarantined = {q.worker_name: q for q in quarantined_schedules(conn)}
         if counts_cache is not None:
             counts, counts_as_of = counts_cache.get(engine, catalogue, list(specs), conn=conn)
         else:
@@ -241,6 +251,7 @@ def workers_view(engine: Engine, catalogue: dict[str, WorkerSpec], names: list[s
             "last_run": _normalise_jsonb_run(last_raw),
             "runners": [_runner_summary(r) for r in capable],
             "queued_reason": _queued_reason_of(active, name, capable, db_now, db_revision, spec),
+            "quarantine": quarantine_json(quarantined[name]) if name in quarantined else None,
         })
     return {
         "db_now": db_now.isoformat(),
@@ -361,71 +372,3 @@ def failures(engine: Engine, *, days: int, worker: str | None = None, limit: int
     return [
         {k: (str(v) if isinstance(v, uuid.UUID) else _iso(v)) for k, v in r._mapping.items()} for r in rows
     ]
-
-
-# --- metrics --------------------------------------------------------------------------------------
-
-_METRICS_ACTIVE = text(
-    "SELECT worker_name, status::text AS status, count(*) AS n, "
-    "max(extract(epoch FROM now() - queued_at)) FILTER (WHERE status = 'QUEUED') AS oldest "
-    "FROM archive_worker_runs WHERE status IN ('QUEUED', 'RUNNING') GROUP BY worker_name, status"
-)
-_METRICS_FAILURES = text(
-    "SELECT worker_name, count(*) AS n FROM archive_worker_runs "
-    "WHERE error_fingerprint IS NOT NULL AND finished_at >= now() - interval '24 hours' GROUP BY worker_name"
-)
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _gauge(name: str, help_text: str, samples: list[tuple[str, Any]]) -> list[str]:
-    """One Prometheus gauge: its HELP and TYPE lines, then one line per (labels, value)."""
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-    return lines + [f"{name}{{{labels}}} {value}" for labels, value in samples]
-
-
-def _worker_metrics(catalogue: dict[str, WorkerSpec], active: list[Any], failed: list[Any],
-                    counts: dict[str, Any]) -> list[str]:
-    by = {(r.worker_name, r.status): r for r in active}
-    names = sorted(set(catalogue) | {w for w, _ in by})
-    runs = [(f'worker="{_label(name)}",status="{status}"', by[(name, status)].n if (name, status) in by else 0)
-            for name in names for status in ("QUEUED", "RUNNING")]
-    ages = [(f'worker="{_label(name)}"', f"{float(row.oldest):.3f}")
-            for (name, status), row in sorted(by.items()) if status == "QUEUED" and row.oldest is not None]
-    return (_gauge("scrinalia_worker_runs_active", "Active runs (QUEUED or RUNNING) per worker.", runs)
-            + _gauge("scrinalia_worker_queued_age_seconds", "Age of the QUEUED run per worker.", ages)
-            + _gauge("scrinalia_worker_failures_24h", "Runs that ended with an error in the last 24 hours.",
-                     [(f'worker="{_label(row.worker_name)}"', row.n) for row in failed])
-            + _gauge("scrinalia_worker_units", "Units per worker: pending, processed, failed.", _units(counts)))
-
-
-def _units(counts: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [(f'worker="{_label(name)}",kind="{kind}"', c[kind])
-            for name, c in counts.items() for kind in ("pending", "processed", "failed") if c.get(kind) is not None]
-
-
-def _runner_metrics(runners: list[dict[str, Any]]) -> list[str]:
-    states = [(f'state="{state}"', sum(1 for r in runners if r["state"] == state))
-              for state in ("online", "stale", "stopped")]
-    running = [(f'runner="{_label(r["name"])}",runner_id="{r["runner_id"]}"', r["running"])
-               for r in runners if r["state"] != "stopped"]
-    return (_gauge("scrinalia_runners", "Runners in the registry by state.", states)
-            + _gauge("scrinalia_runner_running_runs", "Runs each live runner holds.", running))
-
-
-def metrics_text(engine: Engine, catalogue: dict[str, WorkerSpec],
-                 counts_cache: catalogue_view.CountsCache | None = None) -> str:
-    """Prometheus text format, computed from the database only, so every API process answers the same."""
-    with engine.connect() as conn:
-        active = list(conn.execute(_METRICS_ACTIVE).all())
-        failed = list(conn.execute(_METRICS_FAILURES).all())
-    runners = runners_view(engine)
-    counts = (counts_cache.get(engine, catalogue)[0] if counts_cache is not None
-              else catalogue_view.unit_counts(engine, catalogue))
-    build = f'version="{_label(__version__)}",schema_head="{_label(migrate.head_revision())}"'
-    lines = (_gauge("scrinalia_build_info", "The API's package version and the schema head it was built for.",
-                    [(build, 1)])
-             + _worker_metrics(catalogue, active, failed, counts) + _runner_metrics(runners))
-    return "\n".join(lines) + "\n"

@@ -21,6 +21,8 @@ SUBCOMMANDS = {
     "dev": "scrinalia.cli.dev",
     "api": "scrinalia.cli.api",
     "scheduler": "scrinalia.cli.scheduler",
+    "runs": "scrinalia.cli.runs",
+    "install-units": "scrinalia.cli.install_units",
 }
 
 

@@ -1,7 +1,6 @@
 """``scrinalia scheduler``: run the scheduler process, and manage schedules."""
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -25,10 +24,23 @@ def command() -> None:
     """Schedules and the scheduler process (exactly one is active; others stand by)."""
 
 
+def _leader_engine():
+    """The leader lock's own session on DATABASE_SESSION_URL (past a transaction pooler), or None."""
+    from scrinalia.db.engine import create_engine_from_url
+    from scrinalia.scheduler.service import SESSION_BOUNDS
+
+    settings = get_settings()
+    direct = settings.session_url()
+    if direct is None:
+        return None
+    return create_engine_from_url(direct, settings=settings, application_name="scrinalia-scheduler-leader",
+                                  pool_size=1, max_overflow=0, connect_args=dict(SESSION_BOUNDS))
+
+
 @command.command("run")
 @click.option("--interval", default=5.0, show_default=True, help="Seconds between ticks.")
 def run(interval: float) -> None:
-    """Run the scheduler until SIGTERM/SIGINT.
+    """Run the scheduler until SIGTERM/SIGINT (SCHEDULER_QUARANTINE_AFTER: the crash-loop threshold).
 
     Refuses to start on a schema that is not its bundled head: exit 4 when it is behind (migrate first),
     7 when a newer release migrated it (upgrade this scheduler)."""
@@ -40,7 +52,9 @@ def run(interval: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if _schema_checked(engine, interval, stop):
-        Scheduler(engine).serve(interval, stop)
+        Scheduler(engine, quarantine_after=get_settings().scheduler_quarantine_after,
+                  samples_retention_days=get_settings().run_samples_retention_days,
+                  leader_engine=_leader_engine()).serve(interval, stop)
 
 
 def _schema_checked(engine, interval: float, stop: threading.Event) -> bool:
@@ -72,14 +86,15 @@ def add(worker: str, every: int, request_json: str, created_by: str | None) -> N
     Exit 2, writing nothing, for an unknown worker, option, engine or preset, an out-of-range value, a
     missing required option (a model directory), or a worker that already has a schedule.
     """
+    from scrinalia import bounded_json
     from scrinalia.domains.archive.errors import InvalidRunRequest
     from scrinalia.domains.archive.workers.plugins import load_catalogue
     from scrinalia.scheduler.schedules import ScheduleExists, create_schedule
 
     try:
-        request = json.loads(request_json)
-    except json.JSONDecodeError as exc:
-        raise click.UsageError(f"--request is not JSON: {exc}") from None
+        request = bounded_json.loads(request_json)
+    except bounded_json.JsonRefused as exc:
+        raise click.UsageError(f"--request {exc.message}") from None
     try:
         schedule = create_schedule(_engine(), worker, every, request, catalogue=load_catalogue(),
                                    created_by=created_by)
@@ -94,10 +109,13 @@ def list_() -> None:
     from scrinalia.scheduler.schedules import list_schedules
 
     for s in list_schedules(_engine()):
-        state = "enabled" if s.enabled else "disabled"
+        state = ("quarantined" if s.quarantined else "enabled" if s.enabled else "disabled")
         click.echo(f"{s.id}\t{s.worker_name}\tevery {s.interval_seconds}s\t{state}"
                    f"\tnext {s.next_run_at:%Y-%m-%d %H:%M:%S}"
                    f"\tlast {s.last_outcome or '-'}")
+        if s.quarantined:
+            click.echo(f"\t{s.quarantine_reason}; fingerprint {s.quarantine_fingerprint!r}; "
+                       f"last run {s.quarantine_run_id}; resume: scrinalia scheduler resume {s.id}")
 
 
 def _set_enabled(schedule_id: int, enabled: bool) -> None:
@@ -131,3 +149,18 @@ def remove(schedule_id: int) -> None:
     if not delete_schedule(_engine(), schedule_id):
         raise click.UsageError(f"no schedule {schedule_id}")
     click.echo(f"schedule {schedule_id} removed")
+
+
+@command.command("resume")
+@click.argument("schedule_id", type=int)
+@click.option("--by", "by", default=None, help="Who resumes it (recorded on the schedule).")
+def resume(schedule_id: int, by: str | None) -> None:
+    """Lift the crash-loop quarantine of a schedule and enable it again (exit 2 when it is not quarantined)."""
+    from scrinalia.scheduler import quarantine
+
+    try:
+        if not quarantine.resume(_engine(), schedule_id, by=by or "cli"):
+            raise click.UsageError(f"no schedule {schedule_id}")
+    except quarantine.NotQuarantined as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"schedule {schedule_id} resumed")

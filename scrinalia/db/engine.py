@@ -10,14 +10,26 @@ that statement, never a stale transaction start. A single-statement step runs th
 ``one_statement``: the connection is in autocommit while it is checked out, so the server sees the
 statement alone (its own implicit transaction) instead of BEGIN + statement + COMMIT, three round trips
 (decision 0070). A multi-statement transaction (the workers' fenced commit) still uses ``engine.begin()``.
+
+Nothing depends on session state that a transaction pooler (PgBouncer in transaction mode) drops
+(decision 0121): no connection prepares statements on the server (``prepare_threshold=None``), and the
+session bounds a caller gives in ``options`` (``statement_timeout``, ``lock_timeout``,
+``idle_in_transaction_session_timeout``) are also sent at the start of every transaction, in the same
+round trip as its first statement, on every connection whose session turns out not to hold them
+(``bounded_cursor_class``).
 """
 from __future__ import annotations
 
+import functools
+import re
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, get_args
 
+import psycopg
+from psycopg import pq
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import URL
 
@@ -67,6 +79,102 @@ KEEPALIVE_SERVER_OPTIONS = ("-c tcp_keepalives_idle=5 -c tcp_keepalives_interval
 def merge_options(*options: str | None) -> str:
     """libpq ``options`` strings joined (a later ``-c name=value`` wins over an earlier one)."""
     return " ".join(o.strip() for o in options if o and o.strip())
+
+
+#: The session bounds that ``options`` may carry and that a transaction pooler would drop with it.
+SESSION_BOUND_SETTINGS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+_BOUND_OPTION = re.compile(r"-c\s*(" + "|".join(SESSION_BOUND_SETTINGS) + r")=(\S+)")
+_BOUND_VALUE = re.compile(r"^\d+(ms|s|min|h)?$")
+
+
+def session_bounds_in(options: str | None) -> dict[str, str]:
+    """The bounds a libpq ``options`` string sets (``-c statement_timeout=800``; a later one wins)."""
+    bounds: dict[str, str] = {}
+    for name, value in _BOUND_OPTION.findall(options or ""):
+        if not _BOUND_VALUE.match(value):
+            raise ValueError(f"{name}={value!r}: a session bound is a number of ms (or with a unit)")
+        bounds[name] = value
+    return bounds
+
+
+def bounds_statement(bounds: dict[str, str]) -> str:
+    """The statement that puts ``bounds`` in force for the current transaction only (``set_config``
+    with is_local: what SET LOCAL does, without its warning outside an explicit block). The values are
+    checked by ``session_bounds_in``: digits and a unit, nothing to quote."""
+    calls = ", ".join(f"set_config('{name}', '{value}', true)" for name, value in bounds.items())
+    return f"SELECT {calls}"
+
+
+def bounds_check_statement(bounds: dict[str, str]) -> str:
+    """True when the session already runs under ``bounds`` (libpq's ``options`` reached the server)."""
+    def interval(value: str) -> str:
+        return f"interval '{value}ms'" if value.isdigit() else f"interval '{value}'"
+
+    checks = " AND ".join(f"current_setting('{name}')::interval = {interval(value)}" for name, value in bounds.items())
+    return f"SELECT {checks}"
+
+
+#: Per connection: does its session hold the bounds itself (a direct one: libpq's options took effect)?
+_SESSION_HOLDS_BOUNDS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+@functools.cache
+def bounded_cursor_class(bounds: tuple[tuple[str, str], ...]) -> type[psycopg.Cursor[Any]]:
+    """A psycopg cursor class that puts ``bounds`` in force at the start of every transaction of a
+    connection whose session lacks them (decision 0121), in one pipeline with the transaction's first
+    statement: one round trip, as before (decision 0070), whatever server session a pooler lends.
+
+    The first transaction of each connection also asks, in the same pipeline and before the bounds,
+    whether the session already holds them (``options`` reached the server: a direct connection, or a
+    pooler that passes it). If it does, later transactions are sent as they are: no extra statement on
+    a direct connection. Otherwise (a pooler dropped ``options``: the session is any server session)
+    every transaction carries them. In autocommit the server runs the pipeline's statements as one
+    implicit transaction ending at its Sync, so the local settings end with the step."""
+    as_dict = dict(bounds)
+    apply_sql, check_sql = bounds_statement(as_dict).encode(), bounds_check_statement(as_dict).encode()
+
+    class BoundedCursor(psycopg.Cursor[Any]):
+        def _bounds_needed(self) -> bool:
+            conn = self.connection
+            info = conn.info
+            return (info.transaction_status == pq.TransactionStatus.IDLE
+                    and info.pipeline_status == pq.PipelineStatus.OFF and not _SESSION_HOLDS_BOUNDS.get(conn, False))
+
+        def _send_bounds(self) -> psycopg.Cursor[Any] | None:
+            """Inside the pipeline: the check (first transaction only), then the bounds."""
+            check = None
+            if self.connection not in _SESSION_HOLDS_BOUNDS:
+                check = psycopg.Cursor(self.connection)
+                check.execute(check_sql, prepare=False)
+            psycopg.Cursor(self.connection).execute(apply_sql, prepare=False)
+            return check
+
+        def _learn(self, check: psycopg.Cursor[Any] | None) -> None:
+            if check is not None:
+                row = check.fetchone()
+                _SESSION_HOLDS_BOUNDS[self.connection] = bool(row and row[0])
+
+        def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                    binary: bool | None = None) -> BoundedCursor:
+            if not self._bounds_needed():
+                super().execute(query, params, prepare=prepare, binary=binary)
+                return self
+            with self.connection.pipeline():
+                check = self._send_bounds()
+                super().execute(query, params, prepare=prepare, binary=binary)
+            self._learn(check)
+            return self
+
+        def executemany(self, query: Any, params_seq: Any, *, returning: bool = False) -> None:
+            if not self._bounds_needed():
+                super().executemany(query, params_seq, returning=returning)
+                return
+            with self.connection.pipeline():
+                check = self._send_bounds()
+                super().executemany(query, params_seq, returning=returning)
+            self._learn(check)
+
+    return BoundedCursor
 
 
 def connect_args_for(settings: DatabaseTls | None, application_name: str, url: URL | None = None) -> dict[str, Any]:
@@ -151,6 +259,12 @@ def create_engine_from_url(
     connect_args.update(KEEPALIVE_CONNECT_ARGS)
     connect_args.update(extra)
     connect_args["options"] = options
+    # No server-side prepared statements: a transaction pooler hands the next transaction another
+    # server session, where "_pg3_0" does not exist (or another client's does). Decision 0121.
+    connect_args["prepare_threshold"] = None
+    bounds = session_bounds_in(options)
+    if bounds:
+        connect_args["cursor_factory"] = bounded_cursor_class(tuple(bounds.items()))
     # hide_parameters: a failed statement's parameters never reach an exception message or a log.
     engine = create_engine(parsed.url, connect_args=connect_args, hide_parameters=True, **kwargs)
     if server_facts is not None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
-from pathlib import Path
 from typing import Literal
 
 from alembic import command
@@ -22,11 +21,9 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, NullPool, text
 
-import migrations
+from scrinalia.bundled import migrations_dir
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.settings import DatabaseUrl
-
-MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
 #: The exit code of a process that refuses a schema behind its code (``scrinalia db upgrade`` first).
 EXIT_SCHEMA_BEHIND = 4
@@ -71,7 +68,7 @@ class SchemaAhead(SchemaMismatch):
 
 def alembic_config(url: DatabaseUrl | str | None = None) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("script_location", str(migrations_dir()))
     if url is not None:
         # Passed through attributes, not the ini option, so '%' in a password needs no escaping.
         config.attributes["database_url"] = url

@@ -77,7 +77,7 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
         "archive_worker_runners",
         insert=("runner_id", "name", "kind", "hostname", "pid", "package_version", "schema_revision",
                 "capabilities", "concurrency", "heartbeat_seconds", "lease_seconds", "poll_seconds", "devices",
-                "children", "started_at", "last_heartbeat_at"),
+                "children", "sees", "started_at", "last_heartbeat_at"),
         update=("last_heartbeat_at", "children", "stopped_at"),
         why="registry.register, the heartbeat's registry renewal, registry.stop, `scrinalia-runner status`",
     ),
@@ -117,9 +117,11 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
 #: Tables the runner never touches: the identity tables, and what only the API and the scheduler use.
 #: ``archive_stamp_counts`` is written by the triggers of archive_documents, which run as their owner
 #: (SECURITY DEFINER, migration 0010) when a worker's stamps fire them: the role itself needs nothing.
+#: ``archive_worker_run_samples`` likewise, by the triggers of the progress and the heartbeat (0015).
 NO_ACCESS = frozenset({
     "auth_users", "auth_sessions", "auth_login_throttle", "auth_devices",
-    "archive_worker_schedules", "archive_worker_setting_revisions", "archive_stamp_counts"})
+    "archive_worker_schedules", "archive_worker_setting_revisions", "archive_stamp_counts",
+    "archive_worker_run_samples", "archive_run_totals"})
 _ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")  # room for the policies' suffixes in 63 characters
 #: What the role must be; ``rolinherit`` is left alone (the role is a member of nothing).
 _ATTRIBUTES = {"rolcanlogin": ("LOGIN", True), "rolsuper": ("NOSUPERUSER", False),

@@ -165,6 +165,8 @@ archive_worker_runners = Table(
     Column("poll_seconds", Float),
     Column("devices", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("children", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    # What the runner sees on its host (migration 0014): {"model_dirs": [...], "model_roots": [...]}.
+    Column("sees", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("started_at", TS, nullable=False, server_default=func.now()),
     Column("last_heartbeat_at", TS, nullable=False, server_default=func.now()),
     Column("stopped_at", TS),
@@ -193,6 +195,13 @@ archive_worker_schedules = Table(
     Column("created_by", Text),
     Column("created_at", TS, nullable=False, server_default=func.now()),
     Column("updated_at", TS, nullable=False, server_default=func.now()),
+    # Crash-loop quarantine (migration 0016, decision 0165): set with enabled = false by the scheduler.
+    Column("quarantined_at", TS),
+    Column("quarantine_reason", Text),
+    Column("quarantine_fingerprint", Text),
+    Column("quarantine_run_id", UUID(as_uuid=True)),
+    Column("quarantine_resumed_at", TS),
+    Column("quarantine_resumed_by", Text),
     CheckConstraint("interval_seconds >= 60", name="ck_schedule_interval_min"),
     CheckConstraint("jsonb_typeof(request) = 'object'", name="ck_schedule_request_object"),
     Index("ix_schedules_due", "next_run_at", postgresql_where=text("enabled")),
@@ -293,6 +302,43 @@ archive_worker_runs = Table(
           postgresql_where=text("error_fingerprint IS NOT NULL")),
     # The failures screen: errors of the last N days (GET /system/failures).
     Index("ix_worker_runs_failures", "finished_at", postgresql_where=text("error_fingerprint IS NOT NULL")),
+    # The panel's trend charts (migration 0015): runs per hour and durations per worker, slots busy per
+    # runner. Finished rows only, so an enqueue or a claim adds no entry.
+    Index("ix_worker_runs_worker_finished", "worker_name", "finished_at",
+          postgresql_include=["status", "duration_ms"], postgresql_where=text("finished_at IS NOT NULL")),
+    Index("ix_worker_runs_runner_finished", "runner_id", "finished_at", postgresql_include=["started_at"],
+          postgresql_where=text("finished_at IS NOT NULL AND runner_id IS NOT NULL")),
+    # A schedule's latest runs, for the quarantine check (migration 0016): scheduled rows only.
+    Index("ix_worker_runs_schedule_id", "schedule_id", text("id DESC"),
+          postgresql_where=text("schedule_id IS NOT NULL AND trigger = 'SCHEDULE'")),
+)
+
+# A run's chart over its life (migration 0015, decision 0160): filled by triggers on the run row's
+# progress and on the registry's children snapshot; pruned by the scheduler after the retention.
+archive_worker_run_samples = Table(
+    "archive_worker_run_samples",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), nullable=False),
+    Column("at", TS, nullable=False, server_default=func.now()),
+    Column("done", BigInteger),
+    Column("total", BigInteger),
+    Column("rss_bytes", BigInteger),
+    Column("gpu_bytes", BigInteger),
+    Index("ix_run_samples_run_at", "run_id", "at"),
+)
+
+# Finished runs per worker and final status, and the histogram of their durations (cumulative counts
+# per bound of archive_run_duration_bounds()), kept by a trigger on the run's end (migration 0016,
+# decision 0166); read by /metrics.
+archive_run_totals = Table(
+    "archive_run_totals",
+    metadata,
+    Column("worker_name", String(WORKER_NAME_MAX), primary_key=True),
+    Column("status", run_status, primary_key=True),
+    Column("runs", BigInteger, nullable=False, server_default=text("0")),
+    Column("timed", BigInteger, nullable=False, server_default=text("0")),
+    Column("duration_seconds_sum", Float, nullable=False, server_default=text("0")),
+    Column("duration_buckets", ARRAY(BigInteger), nullable=False),
 )
 
 # --- the archive -----------------------------------------------------------------------------------

@@ -10,52 +10,21 @@ operator already re-ran by hand is not retried behind their back.
 """
 from __future__ import annotations
 
-import uuid
-from dataclasses import dataclass
+from sqlalchemy import Engine
 
-from sqlalchemy import Engine, text
+from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.ledger import EnqueuedRetry as Retry
+
+__all__ = ["BASE_DELAY_S", "CAP_S", "JITTER", "MAX_ATTEMPTS", "Retry", "retry_failed_scheduled_runs"]
 
 MAX_ATTEMPTS = 3
 BASE_DELAY_S = 60
 CAP_S = 30 * 60
 JITTER = 0.20
 
-# ON CONFLICT on the slot's partial unique index makes the retry race-free: if anything took the
-# worker's slot meanwhile, the retry waits for the next tick instead of failing.
-_RETRY_FAILED_SCHEDULED_RUNS = text(
-    """
-    INSERT INTO archive_worker_runs
-        (worker_name, status, trigger, requested_by, request, attempt, retry_of, not_before, schedule_id)
-    SELECT last.worker_name, 'QUEUED', 'SCHEDULE', 'scheduler (retry)', last.request, last.attempt + 1,
-           last.run_id,
-           now() + make_interval(secs => LEAST(:cap_s,
-               :base_s * power(2, last.attempt - 1) * (1 - :jitter + random() * 2 * :jitter))),
-           last.schedule_id
-      FROM (SELECT DISTINCT worker_name FROM archive_worker_schedules) AS s
-      CROSS JOIN LATERAL (
-            SELECT r.* FROM archive_worker_runs r
-             WHERE r.worker_name = s.worker_name
-             ORDER BY r.id DESC
-             LIMIT 1) AS last
-     WHERE last.trigger = 'SCHEDULE'
-       AND last.status IN ('FAILED', 'INTERRUPTED')
-       AND last.exit_reason IS DISTINCT FROM 'configuration'
-       AND last.attempt < :max_attempts
-    ON CONFLICT (worker_name) WHERE status IN ('QUEUED', 'RUNNING') DO NOTHING
-    RETURNING run_id, worker_name, attempt, retry_of
-    """
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    run_id: uuid.UUID
-    worker_name: str
-    attempt: int
-    retry_of: uuid.UUID
-
 
 def retry_failed_scheduled_runs(engine: Engine) -> list[Retry]:
-    params = {"cap_s": CAP_S, "base_s": BASE_DELAY_S, "jitter": JITTER, "max_attempts": MAX_ATTEMPTS}
-    with engine.begin() as conn:
-        return [Retry(**r._mapping) for r in conn.execute(_RETRY_FAILED_SCHEDULED_RUNS, params).all()]
+    """The policy's one statement, ``ledger.enqueue_retries`` (its home is the ledger module, with every
+    other INSERT of a run; docs/protocol.md), with this policy's numbers."""
+    return ledger.enqueue_retries(engine, max_attempts=MAX_ATTEMPTS, base_delay_s=BASE_DELAY_S, cap_s=CAP_S,
+                                  jitter=JITTER)

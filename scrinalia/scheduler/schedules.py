@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
+from scrinalia.db.engine import one_statement
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.errors import InvalidRunRequest, LedgerError, WorkerRunAlreadyActive
 from scrinalia.domains.archive.workers.validation import Catalogue, validate_run_request
@@ -46,9 +47,23 @@ class Schedule:
     last_tick_at: datetime | None
     last_run_id: uuid.UUID | None
     last_outcome: str | None
+    # Crash-loop quarantine (scheduler.quarantine, decision 0165): set by the scheduler with enabled off.
+    quarantined_at: datetime | None = None
+    quarantine_reason: str | None = None
+    quarantine_fingerprint: str | None = None
+    quarantine_run_id: uuid.UUID | None = None
+    quarantine_resumed_at: datetime | None = None
+    quarantine_resumed_by: str | None = None
+
+    @property
+    def quarantined(self) -> bool:
+        """Paused by the scheduler for a crash loop (and not enabled since, by any release)."""
+        return self.quarantined_at is not None and not self.enabled
 
 
-_COLUMNS = "id, worker_name, interval_seconds, request, enabled, next_run_at, last_tick_at, last_run_id, last_outcome"
+_COLUMNS = ("id, worker_name, interval_seconds, request, enabled, next_run_at, last_tick_at, last_run_id, "
+            "last_outcome, quarantined_at, quarantine_reason, quarantine_fingerprint, quarantine_run_id, "
+            "quarantine_resumed_at, quarantine_resumed_by")
 
 # Serialises the adds of one worker (transaction-scoped), so the existence check below cannot race.
 _LOCK_WORKER = text("SELECT pg_advisory_xact_lock(hashtext('archive_worker_schedules'), hashtext(:worker_name))")
@@ -81,8 +96,25 @@ _RECORD_TICK = text(
 )
 
 _LIST = text(f"SELECT {_COLUMNS} FROM archive_worker_schedules ORDER BY worker_name, id")
-_SET_ENABLED = text("UPDATE archive_worker_schedules SET enabled = :enabled, updated_at = now() WHERE id = :id "
-                    f"RETURNING {_COLUMNS}")
+_GET = text(f"SELECT {_COLUMNS} FROM archive_worker_schedules WHERE id = :id")
+# Enabling a quarantined schedule resumes it (the quarantine cleared, the resume recorded, as
+# quarantine.resume does); disabling one leaves its quarantine as it is.
+_SET_ENABLED = text(
+    f"""
+    UPDATE archive_worker_schedules
+       SET enabled = :enabled, updated_at = now(),
+           quarantine_resumed_at = CASE WHEN :enabled AND quarantined_at IS NOT NULL THEN now()
+                                        ELSE quarantine_resumed_at END,
+           quarantine_resumed_by = CASE WHEN :enabled AND quarantined_at IS NOT NULL THEN CAST(:by AS text)
+                                        ELSE quarantine_resumed_by END,
+           quarantined_at = CASE WHEN :enabled THEN NULL ELSE quarantined_at END,
+           quarantine_reason = CASE WHEN :enabled THEN NULL ELSE quarantine_reason END,
+           quarantine_fingerprint = CASE WHEN :enabled THEN NULL ELSE quarantine_fingerprint END,
+           quarantine_run_id = CASE WHEN :enabled THEN NULL ELSE quarantine_run_id END
+     WHERE id = :id
+    RETURNING {_COLUMNS}
+    """
+)
 _DELETE = text("DELETE FROM archive_worker_schedules WHERE id = :id")
 
 
@@ -105,9 +137,25 @@ def create_schedule(engine: Engine, worker_name: str, interval_seconds: int, req
     return Schedule(**row._mapping)
 
 
-def list_schedules(engine: Engine) -> list[Schedule]:
-    with engine.connect() as conn:
+def list_schedules(engine: Engine | Connection) -> list[Schedule]:
+    with one_statement(engine) as conn:
         return [Schedule(**r._mapping) for r in conn.execute(_LIST).all()]
+
+
+_QUARANTINED = text(f"SELECT {_COLUMNS} FROM archive_worker_schedules WHERE quarantined_at IS NOT NULL AND NOT enabled "
+                    "ORDER BY worker_name, id")
+
+
+def quarantined_schedules(engine: Engine | Connection) -> list[Schedule]:
+    """The schedules the scheduler has quarantined (a handful at most: read whole)."""
+    with one_statement(engine) as conn:
+        return [Schedule(**r._mapping) for r in conn.execute(_QUARANTINED).all()]
+
+
+def get_schedule(engine: Engine, schedule_id: int) -> Schedule | None:
+    with engine.connect() as conn:
+        row = conn.execute(_GET, {"id": schedule_id}).one_or_none()
+    return Schedule(**row._mapping) if row is not None else None
 
 
 _QUEUED_OF_SCHEDULE = text("SELECT run_id FROM archive_worker_runs WHERE schedule_id = :id AND status = 'QUEUED'")
@@ -119,7 +167,7 @@ def set_enabled(engine: Engine, schedule_id: int, enabled: bool, *, by: str | No
     Disabling also cancels what the schedule left QUEUED (a retry waiting out its backoff holds the
     worker's slot: a disabled schedule must not keep a manual Run out). A RUNNING run is left alone."""
     with engine.begin() as conn:
-        row = conn.execute(_SET_ENABLED, {"id": schedule_id, "enabled": enabled}).one_or_none()
+        row = conn.execute(_SET_ENABLED, {"id": schedule_id, "enabled": enabled, "by": by}).one_or_none()
         queued = ([] if enabled or row is None
                   else list(conn.execute(_QUEUED_OF_SCHEDULE, {"id": schedule_id}).scalars()))
     for run_id in queued:

@@ -35,7 +35,8 @@ def test_the_route_table_has_the_expected_system_routes(app):
     assert len(calls) >= 12
     operate = [c for c in calls if c[0] not in SAFE_METHODS]
     assert {m for m, _ in operate} == {"POST", "PUT", "PATCH", "DELETE"}
-    assert len(operate) == 9  # enqueue, cancel, retry, drain, settings put/delete, schedule post/patch/delete
+    # enqueue, cancel, retry, drain, settings put/delete, schedule post/patch/delete/resume
+    assert len(operate) == 10
 
 
 def test_anonymous_gets_401_on_every_system_route(client, app):

@@ -63,3 +63,29 @@ def test_disabling_a_schedule_cancels_what_it_left_queued(client, engine, admin_
     assert client.patch(f"{S}/{created['id']}", headers=admin_headers, json={"enabled": False}).status_code == 200
     assert ledger.get_run(engine, queued.run_id).status == "CANCELLED"
     assert ledger.active_run(engine, "alpha") is None
+
+
+def test_a_quarantined_schedule_is_shown_and_resumed_by_one_call(client, engine, admin_headers, viewer_headers):
+    from sqlalchemy import text
+
+    created = client.post(S, headers=admin_headers, json={"worker_name": "alpha", "interval_seconds": 3600}).json()
+    with engine.begin() as conn:  # as the scheduler quarantines it (tests/scheduler/test_quarantine.py)
+        conn.execute(text("UPDATE archive_worker_schedules SET enabled = false, quarantined_at = now(), "
+                          "quarantine_reason = 'crash loop', quarantine_fingerprint = 'valueerror: boom' "
+                          "WHERE id = :i"), {"i": created["id"]})
+    (listed,) = client.get(S, headers=viewer_headers).json()["schedules"]
+    assert listed["quarantined"] and listed["quarantine"]["fingerprint"] == "valueerror: boom"
+    assert listed["quarantine"]["schedule_id"] == created["id"] and listed["quarantine"]["reason"] == "crash loop"
+    workers = {w["name"]: w for w in client.get("/api/v1/system/workers", headers=viewer_headers).json()["workers"]}
+    assert workers["alpha"]["quarantine"]["fingerprint"] == "valueerror: boom"
+    assert workers["beta"]["quarantine"] is None
+
+    assert client.post(f"{S}/{created['id']}/resume", headers=viewer_headers).status_code == 403
+    r = client.post(f"{S}/{created['id']}/resume", headers=admin_headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["enabled"] and not r.json()["quarantined"] and r.json()["quarantine"] is None
+    assert r.json()["quarantine_resumed_by"] == "admin@example.org"
+    again = client.post(f"{S}/{created['id']}/resume", headers=admin_headers)
+    assert again.status_code == 409 and again.json()["error"] == "not_quarantined"
+    assert client.post(f"{S}/999999/resume", headers=admin_headers).status_code == 404
+    assert client.get("/api/v1/system/workers", headers=viewer_headers).json()["workers"][0]["quarantine"] is None

@@ -153,3 +153,31 @@ def test_a_listener_without_a_database_never_blocks() -> None:
     assert not lst.listening and lst.last_error is not None
     assert lst.due_at() > time.monotonic()  # backing off
     lst.close()
+
+
+def test_a_deeply_nested_or_forged_notification_is_dropped_and_the_connection_stays(engine: Engine) -> None:
+    """The runner's wake-up and the API's relay share this listener: ``repeat('[', 7000)`` used to raise
+    RecursionError out of the parser and drop the LISTEN connection (every stream went offline)."""
+    from runner.wakeup import Wakeup
+
+    dropped: list[str] = []
+    lst = LedgerListener(conninfo_for(engine, application_name="test-hostile"), name="hostile",
+                         on_drop=dropped.append)
+    collect(lst, lambda ev: RESYNC in ev)
+    wakeup = Wakeup(lst, ["w"])
+    with engine.begin() as conn:
+        for payload in ("[" * 7000, '{"kind":"run","run_id":"x","worker":"w","status":"QUEUED","cancel":false}',
+                        f'{{"kind":"run","run_id":"{uuid.uuid4()}","worker":"w","status":"QUEUED","cancel":"yes"}}'):
+            conn.execute(text("SELECT pg_notify('scrinalia_ledger', :p)"), {"p": payload})
+    deadline = time.monotonic() + 5
+    while len(dropped) < 3 and time.monotonic() < deadline:
+        assert not wakeup.read().claim  # nothing forged wakes the supervisor
+        time.sleep(0.02)
+    assert dropped == ["too_deep", "bad_uuid", "bad_cancel"] and lst.dropped == 3
+    assert lst.listening and lst.reconnects == 0
+    ledger.enqueue(engine, "w", {})
+    deadline = time.monotonic() + 5
+    while not wakeup.read().claim:
+        assert time.monotonic() < deadline, "the real notification was not heard"
+        time.sleep(0.02)
+    lst.close()

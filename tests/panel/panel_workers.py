@@ -5,6 +5,8 @@
   RUNNING with a moving progress bar; the SDK's batch loop honours cancellation between batches.
 * ``panel-crash``: writes a line to stderr and then dies of SIGSEGV (a real segfault through ctypes),
   the way a CUDA crash kills a child: the parent records FAILED with exit fields and a fingerprint.
+* ``panel-flaky``: raises ``RuntimeError(<its "message" option>)``: a failure whose words the test chooses
+  (the crash-loop test gives each retry chain other words, so other fingerprints).
 * ``panel-model``: an engine whose ``model`` option is required (as ``ner``'s is): refused until a model
   directory is set in its Settings. No runner claims it.
 """
@@ -68,6 +70,22 @@ CRASH = WorkerSpec(
     options={"delay": OptionSpec("float", 0.3, "Seconds before the crash", minimum=0.0, maximum=60.0)},
 )
 
+def run_flaky(ctx: RunContext) -> dict[str, Any]:
+    ctx.report_progress(0, 1, "item")
+    raise RuntimeError(str(ctx.config.options.get("message", "flaky")))
+
+
+FLAKY = WorkerSpec(
+    name="panel-flaky",
+    label="Flaky worker (test)",
+    description="Fails with the message its request names.",
+    run=run_flaky,
+    unit="item",
+    default_batch_size=1,
+    options={"message": OptionSpec("str", "flaky", "The error message")},
+)
+
+
 def run_model(ctx: RunContext) -> dict[str, Any]:
     return {"model": ctx.config.engine_options["model"]}
 
@@ -96,4 +114,4 @@ MODEL = WorkerSpec(
 GPU_A = dataclasses.replace(SLOW, name="panel-gpu-a", label="GPU worker A (test)")
 GPU_B = dataclasses.replace(SLOW, name="panel-gpu-b", label="GPU worker B (test)")
 
-WORKERS = [SLOW, CRASH, MODEL, GPU_A, GPU_B]
+WORKERS = [SLOW, CRASH, MODEL, GPU_A, GPU_B, FLAKY]

@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import expect
 from sqlalchemy import text
 
+from scrinalia.domains.archive.run_ids import short_id
 from scrinalia.domains.archive.workers.plugins import load_catalogue
 from scrinalia.scheduler.service import Scheduler
 from tests.panel.helpers import ADMIN, PLUGINS, VIEWER, login, shot
@@ -144,7 +145,7 @@ def test_retry_a_failed_run_and_its_runner(page, panel_engine, running_runner):
     page.get_by_role("button", name="Retry").click()
     expect(page).not_to_have_url(re.compile(str(failed["run_id"])))
     retry_summary = page.locator("section", has=page.get_by_role("heading", name="Summary"))
-    expect(retry_summary.get_by_role("link", name=str(failed["run_id"])[:8])).to_be_visible()  # Retry of
+    expect(retry_summary.get_by_role("link", name=short_id(failed["run_id"]))).to_be_visible()  # Retry of
     with panel_engine.connect() as conn:
         row = conn.execute(text("SELECT retry_of, attempt, trigger FROM archive_worker_runs "
                                 "WHERE retry_of = :r"), {"r": failed["run_id"]}).one()
@@ -214,7 +215,7 @@ def test_a_stale_marker_when_the_api_does_not_answer(page):
     expect(page.locator("#stale-bar")).to_be_hidden()
     page.route("**/api/v1/system/**", lambda route: route.abort())
     nudge(page)
-    expect(page.locator("#stale-bar")).to_contain_text("Stale: the API does not answer")
+    expect(page.locator("#stale-bar")).to_contain_text("Stale since")
     expect(page.locator("body")).to_have_attribute("data-stale", "true")
     shot(page, "36-stale")
     page.unroute("**/api/v1/system/**")

@@ -14,6 +14,7 @@ import pytest
 from playwright.sync_api import Page, expect
 from sqlalchemy import Engine, text
 
+from scrinalia.domains.archive.run_ids import short_id
 from tests.panel.helpers import ADMIN, VIEWER, login, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -281,7 +282,7 @@ def test_a_runner_shows_its_children(page, panel_engine, running_runner):
     expect(runner).to_have_attribute("data-state", "online")
     expect(runner).to_contain_text("panel-slow")  # a capability and the child's worker
     child_row = runner.locator(f'tr[data-pid="{children[0]["pid"]}"]')
-    expect(child_row).to_contain_text(str(run["run_id"])[:8])
+    expect(child_row).to_contain_text(short_id(run["run_id"]))
     expect(child_row).to_contain_text("panel-slow")
     expect(runner.get_by_role("button", name="Drain panel-runner")).to_be_visible()
     shot(page, "13-runners-children")

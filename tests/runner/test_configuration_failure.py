@@ -34,3 +34,16 @@ def test_a_configuration_failure_is_recorded_as_such_and_not_retried(engine, sta
         assert scheduler.tick().retries == []
     finally:
         scheduler.release()
+
+
+def test_a_string_for_an_integer_is_refused_at_claim_with_the_apis_message(engine, start_runner):
+    """Strict types at claim too (decision 0140): a request stored before the API refused it (written
+    here without the shared validation) fails ``configuration`` with the message the API gives."""
+    from scrinalia.domains.archive import ledger
+
+    run = ledger.enqueue(engine, "ner", {"engine_options": {"model": "/srv/models/ner", "batch_size": "8"}})
+    start_runner("--capabilities", "ner", "--poll", "0.2", "--heartbeat", "0.5", "--lease", "5",
+                 "--start-method", "spawn")
+    failed = wait_status(engine, run.run_id, "FAILED", timeout=90)
+    assert failed.exit_reason == "configuration", failed
+    assert "engine_options.batch_size: must be an integer, not a string ('8')" in failed.error, failed.error

@@ -52,14 +52,22 @@ def test_run_once_refuses_a_busy_slot_and_an_unknown_worker(database_url, engine
         run_once(database_url, "no-such-worker", {}, lease_seconds=5, heartbeat_seconds=1)
 
 
-def test_option_values_are_json_scalars_else_strings():
-    assert parse_option("a=1") == ("a", 1)
-    assert parse_option("a=1.5") == ("a", 1.5)
-    assert parse_option("a=true") == ("a", True)
-    assert parse_option("a=null") == ("a", None)
-    assert parse_option("a=hello") == ("a", "hello")
-    assert parse_option('a="quoted"') == ("a", "quoted")
-    assert parse_option("a=[1,2]") == ("a", "[1,2]")
+def test_option_values_are_read_by_their_declared_type_else_as_json_scalars():
+    from scrinalia.domains.archive.workers.gpu_probe import SPEC as probe
+    from scrinalia.domains.archive.workers.sdk import InvalidOption
+    from scrinalia.domains.archive.workers.validation import option_from_text
+
     assert parse_option("a=x=y") == ("a", "x=y")
+    # Undeclared: a JSON scalar, else the text (the validation then names the unknown option).
+    assert option_from_text(None, "options", "a", "1") == 1
+    assert option_from_text(None, "options", "a", "true") is True
+    assert option_from_text(None, "options", "a", "null") is None
+    assert option_from_text(None, "options", "a", "hello") == "hello"
+    assert option_from_text(None, "options", "a", '"quoted"') == "quoted"
+    assert option_from_text(None, "options", "a", "[1,2]") == "[1,2]"
+    # Declared: by its type, so "64" is the integer 64 and a string option keeps "64".
+    assert option_from_text(probe, "options", "matmul_size", "64") == 64
+    with pytest.raises(InvalidOption, match="options.matmul_size"):
+        option_from_text(probe, "options", "matmul_size", "big")
     with pytest.raises(ValueError):
         parse_option("novalue")

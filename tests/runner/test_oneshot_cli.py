@@ -97,3 +97,33 @@ def test_ctrl_c_twice_kills_the_run_interrupted_and_exits_130(runner_env, engine
     row = wait_status(engine, run.run_id, "INTERRUPTED")
     assert row.exit_reason == "runner-stopped" and row.exit_signal == signal.SIGKILL
     assert row.error.startswith("RunnerStopped: interrupted by the operator")
+
+
+def test_a_ner_run_takes_its_model_directory_from_the_command_line(runner_env, engine, tmp_path):
+    """``--engine-option KEY=VALUE`` (or ``--request``, the API's JSON) reaches the engine, validated as
+    the API validates: ``ner`` needs a model, which only the run request can give on a fresh install."""
+    from tests.workers import tiny_models
+    from tests.workers.helpers import insert_docs
+
+    model = str(tiny_models.make_ner_model(tmp_path / "ner"))
+    title = "Letters of Maria Joaquina to the Camara Municipal de Lisboa"
+    insert_docs(engine, [{"reference_code": "N1", "title": title}])
+    missing = _run(runner_env, "ner", *FAST)
+    assert missing.returncode == 2 and "engine_options.model" in missing.stderr, missing.stderr
+    dotted = _run(runner_env, "ner", "--option", f"engine_options.model={model}", *FAST)
+    assert dotted.returncode == 2 and "--engine-option model=VALUE" in dotted.stderr, dotted.stderr
+    done = _run(runner_env, "ner", "--engine-option", f"model={model}", "--preset", "cpu", "--json", *FAST,
+                timeout=300)
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout)
+    assert row["status"] == "SUCCESS" and row["request"] == {"preset": "cpu", "engine_options": {"model": model}}
+    assert row["result"].get("links", 0) >= 3, row["result"]  # Maria Joaquina, Camara Municipal, Lisboa
+    # The same request as JSON; a string for the engine's integer option is refused with the API's message.
+    typed = _run(runner_env, "ner", "--request", json.dumps({"engine_options": {"model": model, "batch_size": "8"}}),
+                 *FAST)
+    assert typed.returncode == 2, typed.stderr
+    assert "engine_options.batch_size: must be an integer, not a string ('8')" in typed.stderr
+    flag = _run(runner_env, "ner", "--request", json.dumps({"engine_options": {"model": model}}),
+                "--engine-option", "batch_size=8", "--preset", "cpu", "--json", *FAST, timeout=300)
+    assert flag.returncode == 0, flag.stderr
+    assert json.loads(flag.stdout)["request"]["engine_options"] == {"model": model, "batch_size": 8}

@@ -12,6 +12,7 @@ from runner import control
 from runner.procinfo import mapped_files
 from runner.status import STATUS_FIELDS
 from scrinalia.domains.archive import registry
+from scrinalia.domains.archive.run_ids import short_id
 from tests.runner.conftest import ROOT, RUNNER, enqueue, wait_for, wait_status
 
 pytestmark = pytest.mark.slow
@@ -79,7 +80,7 @@ def test_status_shows_the_children_of_a_live_runner_and_json_has_the_documented_
     # The child's process title shows the run, the worker and the progress.
     with open(f"/proc/{slow['pid']}/cmdline", "rb") as fh:
         title = fh.read().replace(b"\0", b" ").decode().strip()
-    short = slow["run_id"].replace("-", "")[:8]
+    short = short_id(slow["run_id"])  # the random tail, as in the panel and the logs
     assert title.startswith(f"scrinalia-runner: run {short} slow batch "), title
     assert title.endswith("/200"), title
     with open(f"/proc/{runner.pid}/cmdline", "rb") as fh:
@@ -88,7 +89,8 @@ def test_status_shows_the_children_of_a_live_runner_and_json_has_the_documented_
     text_out = _cli(env, "status", "--socket", str(runner.socket_path))
     assert text_out.returncode == 0
     for r in runs:
-        assert str(r.run_id) in text_out.stdout
+        assert short_id(r.run_id) in text_out.stdout
+    assert "/200 units" in text_out.stdout, text_out.stdout  # the plural of the worker's unit
     assert "lease margin" in text_out.stdout and "database ok" in text_out.stdout
 
     every = _cli(env, "status", "--all", "--json")

@@ -74,7 +74,7 @@ def test_worker_options_precedence(engine):
     assert typology.SPEC.resolve(engine, {}).options["threshold"] == 0.40
     persist(engine, "typology", options={"threshold": 0.6, "multi_label": True})
     assert typology.SPEC.resolve(engine, {}).options["threshold"] == 0.6
-    resolved = typology.SPEC.resolve(engine, {"options": {"threshold": "0.7"}})  # a CLI string is parsed
+    resolved = typology.SPEC.resolve(engine, {"options": {"threshold": 0.7}})
     assert resolved.options["threshold"] == 0.7 and resolved.options["multi_label"] is True
     assert resolved.sources["options.threshold"] == "explicit"
     assert resolved.sources["options.multi_label"] == "persisted"
@@ -94,6 +94,11 @@ def test_worker_options_precedence(engine):
         (embedding.SPEC, {"engine_options": {"config": {}}}, RefusedOption, "engine_options.config"),
         (typology.SPEC, {"options": {"threshold": 1.5}}, InvalidOption, "options.threshold"),
         (typology.SPEC, {"options": {"multi_label": "perhaps"}}, InvalidOption, "options.multi_label"),
+        # Strict JSON types (decision 0140): a string that looks like a number or a boolean is refused.
+        (typology.SPEC, {"options": {"threshold": "0.7"}}, InvalidOption, "options.threshold"),
+        (typology.SPEC, {"options": {"multi_label": "true"}}, InvalidOption, "options.multi_label"),
+        (gpu_probe.SPEC, {"options": {"matmul_size": "64"}}, InvalidOption, "options.matmul_size"),
+        (gpu_probe.SPEC, {"options": {"matmul_size": 64.0}}, InvalidOption, "options.matmul_size"),
         (gpu_probe.SPEC, {"engine_name": "transformers"}, UnknownEngine, "engine_name"),
         (gpu_probe.SPEC, {"engine_options": {"device": "cpu"}}, UnknownOption, "engine_options.device"),
         (quality.SPEC, {"engine_name": "nli-check"}, UnknownEngine, "engine_name"),

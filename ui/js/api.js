@@ -2,6 +2,9 @@
 // the CSRF token that the login (or /auth/me) returned, in the header the API requires.
 export const BASE = '/api/v1';
 export const CSRF_HEADER = 'X-CSRF-Token';
+// Every request has a deadline: a frozen API (SIGSTOP, a hung proxy) keeps the connection open and
+// answers nothing, and a fetch without one waits for ever (decision 0144).
+export const REQUEST_TIMEOUT_MS = 8000;
 
 let csrfToken = sessionStorage.getItem('scrinalia.csrf') || null;
 let clockOffset = 0; // server clock minus ours, from the Date header (second resolution is enough)
@@ -78,19 +81,25 @@ export function fieldErrors(body) {
   return out;
 }
 
-export async function request(method, path, body, { quiet401 = false } = {}) {
+export async function request(method, path, body, { quiet401 = false, timeoutMs = REQUEST_TIMEOUT_MS } = {}) {
   const headers = { Accept: 'application/json' };
-  const init = { method, headers, credentials: 'same-origin', cache: 'no-store' };
+  const controller = new AbortController();
+  const init = { method, headers, credentials: 'same-origin', cache: 'no-store', signal: controller.signal };
   if (body !== undefined) {
     headers['Content-Type'] = 'application/json';
     init.body = JSON.stringify(body);
   }
   if (method !== 'GET' && method !== 'HEAD' && csrfToken) headers[CSRF_HEADER] = csrfToken;
   let resp;
+  let timedOut = false;
+  const timer = setTimeout(() => { timedOut = true; controller.abort(); }, timeoutMs);
   try {
     resp = await fetch(BASE + path, init);
   } catch (err) {
-    throw new ApiError(0, null, 'The API cannot be reached. Is it running?');
+    clearTimeout(timer);
+    throw new ApiError(0, null, timedOut
+      ? `The API did not answer within ${Math.round(timeoutMs / 1000)} s.`
+      : 'The API cannot be reached. Is it running?');
   }
   const date = resp.headers.get('Date');
   if (date) {
@@ -100,8 +109,11 @@ export async function request(method, path, body, { quiet401 = false } = {}) {
   let data = null;
   const type = resp.headers.get('Content-Type') || '';
   if (resp.status !== 204) {
+    // The body is under the same deadline: an API that froze mid-answer aborts the read.
     data = type.includes('json') ? await resp.json().catch(() => null) : await resp.text().catch(() => null);
   }
+  clearTimeout(timer);
+  if (timedOut) throw new ApiError(0, null, `The API did not answer within ${Math.round(timeoutMs / 1000)} s.`);
   if (data && typeof data === 'object' && typeof data.csrf_token === 'string') setCsrf(data.csrf_token);
   if (!resp.ok) {
     const err = new ApiError(resp.status, data, resp.statusText);

@@ -12,6 +12,7 @@ import { AUTH } from './auth.js';
 import * as loginView from './views/login.js';
 import * as passwordView from './views/password.js';
 import * as workersView from './views/workers.js';
+import * as workerView from './views/worker.js';
 import * as runsView from './views/runs.js';
 import * as runView from './views/run.js';
 import * as failuresView from './views/failures.js';
@@ -23,6 +24,9 @@ import * as settingsView from './views/settings.js';
 
 export const INTERVALS = { running: 5000, queued: 15000, idle: 60000 };
 export const LIVE_INTERVALS = { running: 30000, queued: 30000, idle: 60000 };
+// While the page is stale (the API does not answer, or its stream went silent): try again this often,
+// so the page recovers by itself within seconds of the API's return (decision 0144).
+export const STALE_RETRY_MS = 3000;
 const TICK_MS = 1000;
 
 const session = { user: null };
@@ -32,6 +36,7 @@ const who = document.getElementById('who');
 const bar = document.getElementById('refresh-bar');
 const barState = document.getElementById('refresh-state');
 const staleBar = document.getElementById('stale-bar');
+const refreshButton = document.getElementById('refresh-now');
 
 // --- polling ---------------------------------------------------------------------------------------
 
@@ -54,19 +59,30 @@ const poller = {
     this.view = null;
   },
 
+  /** The stream went silent or broke: what is on screen may be old from ``since`` on, until an answer. */
+  suspect(since, why) {
+    if (!this.view || !this.view.refresh) return;
+    this.staleSince ??= since || this.lastAt || new Date();
+    this.error ??= why;
+    this.render();
+    this.kick();
+  },
+
   /** Refresh now (focus, action, first paint), then schedule by what the refresh saw. */
-  async kick() {
+  async kick({ manual = false } = {}) {
     clearTimeout(this.timer);
     this.timer = null;
     const view = this.view;
+    if (manual) this.manual = true;
     if (!view || !view.refresh) { this.render(); return; }
-    if (this.inflight) { this.again = true; return; }
+    if (this.inflight) { this.again = true; this.render(); return; }
     this.inflight = (async () => {
       try {
         const activity = await view.refresh();
         if (view === this.view) this.activity = activity || 'idle';
         this.lastAt = new Date();
         this.error = null;
+        if (this.staleSince) live.reopen(); // back: the stream need not wait for its backoff
         this.staleSince = null;
       } catch (err) {
         if (err instanceof api.ApiError && err.status === 401) return;
@@ -76,8 +92,10 @@ const poller = {
         if (!(err instanceof api.ApiError) || err.status === 0 || err.status >= 500) this.staleSince ??= this.lastAt || new Date();
       }
     })();
+    this.render();
     await this.inflight;
     this.inflight = null;
+    this.manual = false;
     if (this.again) { this.again = false; return this.kick(); }
     this.schedule();
   },
@@ -89,7 +107,7 @@ const poller = {
   schedule() {
     clearTimeout(this.timer);
     this.timer = null;
-    const interval = this.intervals()[this.activity] ?? (this.staleSince ? INTERVALS.queued : null);
+    const interval = this.staleSince ? STALE_RETRY_MS : this.intervals()[this.activity] ?? null;
     if (this.view && interval && !document.hidden) {
       this.timer = setTimeout(() => this.kick(), interval);
     }
@@ -98,20 +116,26 @@ const poller = {
 
   render() {
     const stale = Boolean(this.staleSince && this.view);
+    const trying = Boolean(this.inflight && (this.manual || stale));
     document.body.dataset.stale = stale ? 'true' : 'false';
     staleBar.hidden = !stale;
     if (stale) {
-      replace(staleBar, h('strong', 'Stale: '),
-        `the API does not answer (${this.error}); what is shown is as it was at ${this.staleSince.toLocaleTimeString()}.`);
+      replace(staleBar, h('strong', `Stale since ${this.staleSince.toLocaleTimeString()}: `),
+        `the API does not answer (${this.error}); what is shown is as it was then.`,
+        trying ? h('span.muted', ' Trying again…') : h('span.muted', ` Trying again every ${STALE_RETRY_MS / 1000} s.`));
     }
     const interval = this.intervals()[this.activity] ?? null;
     document.body.dataset.poll = this.view && interval ? this.activity : 'idle';
     document.body.dataset.pollInterval = this.view && interval ? String(interval / 1000) : '0';
-    document.body.dataset.live = live.connected ? 'on' : 'off';
+    document.body.dataset.live = live.connected && !stale ? 'on' : 'off';
     bar.hidden = !this.view || !this.view.refresh;
-    const dot = h('span.dot', { class: this.activity, 'aria-hidden': 'true' });
+    refreshButton.setAttribute('aria-busy', trying ? 'true' : 'false');
+    refreshButton.textContent = trying ? 'Refreshing…' : 'Refresh now';
+    const dot = h('span.dot', { class: stale ? 'stale' : this.activity, 'aria-hidden': 'true' });
     let text;
-    if (this.error) text = `Could not refresh: ${this.error}`;
+    if (trying) text = stale ? 'Trying to reach the API…' : 'Refreshing…';
+    else if (stale) text = `Stale since ${this.staleSince.toLocaleTimeString()}: ${this.error}`;
+    else if (this.error) text = `Could not refresh: ${this.error}`;
     else if (document.hidden) text = 'Paused while this tab is hidden';
     else if (live.connected) text = 'Live: changes appear as they happen';
     else if (this.activity === 'running') text = 'A run is active: refreshing every 5 s';
@@ -130,6 +154,12 @@ const live = createLive({
     poller.kick();
   },
   onState() { poller.schedule(); },
+  // Silent past its heartbeats (a frozen API) or broken: not live; say so at once and check the API.
+  onDown({ why, lastFrameAt }) {
+    if (document.hidden) return;
+    if (why === 'silent') poller.suspect(lastFrameAt, 'its live stream has been silent');
+    else poller.kick();
+  },
 });
 
 function followSession() {
@@ -152,7 +182,7 @@ document.addEventListener('visibilitychange', () => {
   if (document.hidden) poller.schedule();
   else poller.kick();
 });
-document.getElementById('refresh-now').addEventListener('click', () => poller.kick());
+refreshButton.addEventListener('click', () => poller.kick({ manual: true }));
 
 // --- session ---------------------------------------------------------------------------------------
 
@@ -235,6 +265,7 @@ const ROUTES = [
   { re: /^runners$/, view: runnersView, nav: 'runners' },
   { re: /^schedules$/, view: schedulesView, nav: 'schedules' },
   { re: /^workers\/([^/]+)\/settings$/, view: settingsView, nav: 'workers' },
+  { re: /^workers\/([^/]+)$/, view: workerView, nav: 'workers' },
 ];
 
 let current = null;

@@ -63,8 +63,13 @@ export function number(n) {
   return Number(n).toLocaleString();
 }
 
+/**
+ * The id people see (decision 0143): the last 12 hex digits, the random tail of the UUIDv7. Its first
+ * digits are a clock and stay the same for about a minute. The same rule as scrinalia's run_ids.short_id.
+ */
+export const SHORT_ID_DIGITS = 12;
 export function shortId(id) {
-  return id ? String(id).slice(0, 8) : '—';
+  return id ? String(id).replace(/-/g, '').slice(-SHORT_ID_DIGITS) : '—';
 }
 
 export function json(value) {

@@ -102,6 +102,8 @@ export function normaliseWorker(w) {
     last: last ? normaliseRun(last) : null,
     runners: pick(w, 'capable_runners', 'runners', 'online_runners') || [],
     queuedReason: pick(w, 'queued_reason', 'waiting_reason', 'not_running_reason', 'reason') ?? (active ? pick(active, 'queued_reason', 'waiting_reason') : null),
+    // The worker's schedule is quarantined for a crash loop: {schedule_id, reason, fingerprint, run_id}.
+    quarantine: w.quarantine && typeof w.quarantine === 'object' ? w.quarantine : null,
   };
 }
 

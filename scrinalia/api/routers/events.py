@@ -8,11 +8,17 @@ use its bearer token). The stream carries what the ledger announced, never a row
     event: resync   data: {"kind": "resync"}       (listening (again): re-read, something may have been missed)
     event: offline  data: {"kind": "offline"}      (the API lost its LISTEN: poll until the next resync)
 
-It opens with ``event: hello`` (``listening`` says whether the hub hears the database now) and a
-``retry`` of 2 s; a comment line every 15 s keeps proxies from closing it. There is no replay: a browser
-that reconnects does a full refresh instead, which is what ``hello`` asks for. A stream lasts at most
-``API_EVENTS_STREAM_SECONDS`` (300) and never past its session's expiry, so a revoked or expired session stops receiving
-within that time (the browser reconnects and the guard checks the session again).
+    event: heartbeat      data: {"kind": "heartbeat", "listening": ...}   (every HEARTBEAT_SECONDS)
+    event: session-ended  data: {"kind": "session-ended"}   (logout, revoked, expired, role changed: the end)
+
+It opens with ``event: hello`` (``listening`` says whether the hub hears the database now,
+``heartbeat_ms`` how often a ``heartbeat`` comes) and a ``retry`` of 2 s. The heartbeat is an event,
+not a comment, so the page sees it: a stream silent for longer than two heartbeats is down, whatever
+the socket says (a frozen API keeps its connections open). There is no replay: a browser that
+reconnects does a full refresh instead, which is what ``hello`` asks for. A stream lasts at most
+``API_EVENTS_STREAM_SECONDS`` (300) and never past its session: ``SessionWatch`` checks every open
+stream's session every 2 s and ends those whose session was revoked, expired or changed (decision 0141);
+the browser's reconnect then meets the guard again.
 """
 from __future__ import annotations
 
@@ -29,10 +35,12 @@ from scrinalia.api.context import ctx
 from scrinalia.api.events import CLOSED
 from scrinalia.api.schemas import SYSTEM_ERRORS
 from scrinalia.api.security import Principal, system_guard
+from scrinalia.api.stream_sessions import SESSION_ENDED
+from scrinalia.domains.identity.sessions import SessionStanding
 
 router = APIRouter(tags=["events"])
 
-KEEPALIVE_SECONDS = 15.0
+HEARTBEAT_SECONDS = 3.0  # also keeps proxies from closing an idle stream
 RETRY_MS = 2000
 
 
@@ -54,27 +62,39 @@ async def events(request: Request, principal: Principal = Depends(system_guard))
     lifetime = context.api.events_stream_seconds
     seconds_left = (expires_at - datetime.now(UTC)).total_seconds() if expires_at else lifetime
     ends_at = time.monotonic() + max(0.0, min(lifetime, seconds_left))
+    expires_by_session = seconds_left <= lifetime
+
+    watch = context.stream_sessions
+    standing = SessionStanding(principal.user.role, principal.user.must_change_password)
 
     async def stream() -> AsyncIterator[str]:
         sub = hub.subscribe()
+        watch.watch(sub, principal.session.session_id, standing)
         sequence = 0
         try:
             yield f"retry: {RETRY_MS}\n\n"
-            yield _frame("hello", {"kind": "hello", "listening": hub.listening})
+            yield _frame("hello", {"kind": "hello", "listening": hub.listening,
+                                   "heartbeat_ms": int(HEARTBEAT_SECONDS * 1000)})
             while True:
                 left = ends_at - time.monotonic()
                 if left <= 0:
+                    if expires_by_session:  # the session's own expiry: the page should know why
+                        yield _frame(SESSION_ENDED.kind, SESSION_ENDED.to_json())
                     return
                 try:
-                    event = await asyncio.wait_for(sub.queue.get(), min(KEEPALIVE_SECONDS, left))
+                    event = await asyncio.wait_for(sub.queue.get(), min(HEARTBEAT_SECONDS, left))
                 except TimeoutError:
-                    yield ": keep-alive\n\n"
+                    yield _frame("heartbeat", {"kind": "heartbeat", "listening": hub.listening})
                     continue
                 if event is CLOSED:
+                    return
+                if event is SESSION_ENDED:
+                    yield _frame(event.kind, event.to_json())
                     return
                 sequence += 1
                 yield _frame(event.kind, event.to_json(), sequence)
         finally:
+            watch.forget(sub)
             hub.unsubscribe(sub)
 
     return StreamingResponse(stream(), media_type="text/event-stream",

@@ -1,4 +1,4 @@
-"""GET /healthz (no session, no secrets) and GET /metrics (Prometheus text, from the database).
+"""GET /healthz (no session, no secrets) and GET /metrics (Prometheus text from the database: api.metrics).
 
 /metrics names every runner and worker and the archive's size, so it is not anonymous: a scraper sends
 ``Authorization: Bearer <API_METRICS_TOKEN>`` (compared in constant time), or an ADMIN session reads it.
@@ -10,10 +10,11 @@ import logging
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
 
 from scrinalia import __version__
+from scrinalia.api import metrics as metrics_module
 from scrinalia.api import views
 from scrinalia.api.context import ctx
 from scrinalia.api.errors import forbidden, not_found, unauthenticated
@@ -27,11 +28,13 @@ router = APIRouter(tags=["health"])
 
 def health(request: Request) -> JSONResponse:
     version = __version__
+    notifications = ctx(request).events.notifications()
     try:
         _, revision = views.db_clock(ctx(request).engine)
     except Exception as exc:  # the class only: a driver message may name the host
         log.warning("healthz: database unreachable (%s)", type(exc).__name__)
-        body = {"status": "degraded", "database": "unreachable", "schema": "unknown", "version": version}
+        body = {"status": "degraded", "database": "unreachable", "schema": "unknown", "version": version,
+                "notifications": notifications}
         return JSONResponse(body, status_code=503)
     if revision == migrate.head_revision():
         schema = "current"
@@ -43,7 +46,7 @@ def health(request: Request) -> JSONResponse:
         except Exception:  # the migrations cannot be read: the database's revision is unknown
             schema = "ahead_or_unknown"
     status = "ok" if schema == "current" else "degraded"
-    body = {"status": status, "database": "ok", "schema": schema, "version": version}
+    body = {"status": status, "database": "ok", "schema": schema, "version": version, "notifications": notifications}
     return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
 
@@ -75,5 +78,5 @@ def metrics(
             raise unauthenticated()
         if principal.user.role != OPERATE_ROLE or principal.user.must_change_password:
             raise forbidden("the metrics need the scrape token (API_METRICS_TOKEN) or an ADMIN session")
-    return PlainTextResponse(views.metrics_text(c.engine, c.catalogue, c.counts),
-                             media_type="text/plain; version=0.0.4; charset=utf-8")
+    registry = metrics_module.build_registry(c.engine, c.catalogue, c.counts)
+    return Response(metrics_module.exposition(registry), media_type="text/plain; version=0.0.4; charset=utf-8")

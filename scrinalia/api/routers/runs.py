@@ -5,7 +5,7 @@ import logging
 import uuid
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from scrinalia.api import views
@@ -25,6 +25,7 @@ from scrinalia.api.schemas import (
 from scrinalia.api.security import Principal, system_guard
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.errors import InvalidRunRequest, RunAlreadyFinished, RunNotFound, WorkerRunAlreadyActive
+from scrinalia.domains.archive.run_ids import typed_run_id
 from scrinalia.domains.archive.workers.validation import validate_run_request
 
 log = logging.getLogger("scrinalia.api.runs")
@@ -55,9 +56,22 @@ def list_runs(
     return {"runs": runs, "next_cursor": next_cursor}
 
 
-@router.get("/{run_id}", response_model=RunDetailOut, responses=_ERR, summary="One run with its chain of attempts")
-def get_run(run_id: uuid.UUID, request: Request) -> dict[str, Any]:
-    detail = views.run_detail(ctx(request).engine, run_id)
+@router.get("/{run_id}", response_model=RunDetailOut,
+            responses={**_ERR, 409: {"model": ErrorOut, "description": "A short id that several runs share "
+                                                                       "(run_ids_ambiguous, with run_ids)"}},
+            summary="One run with its chain of attempts, by its id or a short id (its last 8-12 hex digits)")
+def get_run(run_id: str = Path(max_length=40), *, request: Request) -> dict[str, Any]:
+    engine = ctx(request).engine
+    typed = typed_run_id(run_id)
+    if typed is None:
+        raise field_errors({"run_id": "is not a run id (a UUID, or 8 to 31 of its hex digits)"})
+    if isinstance(typed, str):
+        found = ledger.find_run_ids(engine, typed)
+        if len(found) > 1:
+            raise ApiError(409, "run_ids_ambiguous", f"{len(found)} runs have an id with {typed}; give more digits",
+                           run_ids=[str(r) for r in found])
+        typed = found[0] if found else None
+    detail = views.run_detail(engine, typed) if typed is not None else None
     if detail is None:
         raise not_found(f"run {run_id}")
     return detail

@@ -7,13 +7,14 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
+from scrinalia.api import views
 from scrinalia.api.context import ctx
 from scrinalia.api.errors import ApiError, field_errors, not_found
 from scrinalia.api.schemas import SYSTEM_ERRORS, ErrorOut, ScheduleEnabledIn, ScheduleIn, ScheduleOut, SchedulesOut
 from scrinalia.api.security import Principal, system_guard
 from scrinalia.domains.archive.errors import InvalidRunRequest
 from scrinalia.domains.archive.workers.sdk import UnknownWorker
-from scrinalia.scheduler import schedules
+from scrinalia.scheduler import quarantine, schedules
 
 log = logging.getLogger("scrinalia.api.schedules")
 router = APIRouter(prefix="/schedules", tags=["schedules"])
@@ -22,9 +23,11 @@ _ERR = SYSTEM_ERRORS
 
 def _out(schedule: schedules.Schedule) -> dict[str, Any]:
     out = asdict(schedule)
-    for key in ("next_run_at", "last_tick_at"):
+    for key in ("next_run_at", "last_tick_at", "quarantine_resumed_at"):
         out[key] = out[key].isoformat() if out[key] is not None else None
     out["last_run_id"] = str(out["last_run_id"]) if out["last_run_id"] is not None else None
+    out["quarantined"] = schedule.quarantined
+    out["quarantine"] = views.quarantine_json(schedule)
     return out
 
 
@@ -69,3 +72,21 @@ def delete_schedule(schedule_id: int, request: Request, principal: Principal = D
     if not schedules.delete_schedule(ctx(request).engine, schedule_id):
         raise not_found(f"schedule {schedule_id}")
     return Response(status_code=204)
+
+
+@router.post("/{schedule_id}/resume", response_model=ScheduleOut,
+             responses={**_ERR, 409: {"model": ErrorOut, "description": "The schedule is not quarantined"}},
+             summary="Lift a schedule's crash-loop quarantine and enable it again (OPERATE)")
+def resume(schedule_id: int, request: Request, principal: Principal = Depends(system_guard)) -> Any:
+    engine = ctx(request).engine
+    try:
+        if not quarantine.resume(engine, schedule_id, by=principal.label):
+            raise not_found(f"schedule {schedule_id}")
+    except quarantine.NotQuarantined as exc:
+        raise ApiError(409, "not_quarantined", str(exc)) from None
+    schedule = schedules.get_schedule(engine, schedule_id)
+    if schedule is None:  # removed in between
+        raise not_found(f"schedule {schedule_id}")
+    log.info("schedule %s (%s) resumed from quarantine (user %s)", schedule_id, schedule.worker_name,
+             principal.user.id)
+    return _out(schedule)

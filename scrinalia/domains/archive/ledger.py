@@ -12,6 +12,7 @@ the protocol table (docs/protocol.md):
     finish         terminal status + exit fields           fence: runner_id = me AND status = RUNNING
     expire_leases  RUNNING past its lease -> INTERRUPTED   fence: the lease
     request_cancel QUEUED -> CANCELLED; RUNNING -> flag    fence: status
+    enqueue_retries  INSERT QUEUED retries (the retry policy)  fence: ON CONFLICT on uq_worker_run_active
     register_batch_fence  a worker's batch (inside its own transaction)  fence: checked again at COMMIT
 
 A fenced statement that touches no row means the caller lost that run: it must write nothing more.
@@ -183,6 +184,18 @@ _ENQUEUE = text(
 ).bindparams(bindparam("retry_of", type_=UUID(as_uuid=True)))
 
 
+def check_enqueue(worker_name: Any, request: Any, *, trigger: str, attempt: Any) -> dict[str, Any]:
+    """What ``enqueue`` refuses before it sends anything (``InvalidRunRequest``); the clean request.
+    The in-memory ledger (``runner.memory_ledger``) refuses the same with this same function."""
+    validate_worker_name(worker_name)
+    clean = validate_request(request)
+    if trigger not in RUN_TRIGGERS:
+        raise InvalidRunRequest("trigger", f"must be one of {', '.join(RUN_TRIGGERS)}")
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise InvalidRunRequest("attempt", "must be a positive integer")
+    return clean
+
+
 def enqueue(
     engine: Engine,
     worker_name: str,
@@ -201,12 +214,7 @@ def enqueue(
     ``not_before_delay_s`` is a delay from the database's now(), never a client timestamp.
     Raises ``WorkerRunAlreadyActive`` (carrying the active run) when the worker's slot is taken.
     """
-    validate_worker_name(worker_name)
-    clean = validate_request(request)
-    if trigger not in RUN_TRIGGERS:
-        raise InvalidRunRequest("trigger", f"must be one of {', '.join(RUN_TRIGGERS)}")
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
-        raise InvalidRunRequest("attempt", "must be a positive integer")
+    clean = check_enqueue(worker_name, request, trigger=trigger, attempt=attempt)
     params = {
         "worker_name": worker_name,
         "trigger": trigger,
@@ -219,6 +227,55 @@ def enqueue(
         "schedule_id": schedule_id,
     }
     return _insert_into_slot(engine, _ENQUEUE, params)
+
+
+# --- enqueue_retries: the retry policy's statement (scrinalia/scheduler/retry.py holds the policy) --------
+
+# The latest run of every scheduled worker, when it is a SCHEDULE run that ended FAILED or INTERRUPTED
+# (not on its configuration) under the attempt limit: a new QUEUED row, attempt + 1, retry_of the failed
+# run, the same request, not_before = now() + base x 2^(attempt-1) with +-jitter, capped. ON CONFLICT on
+# the slot's partial unique index makes it race-free: if anything took the worker's slot meanwhile, the
+# retry waits for the next tick instead of failing.
+_ENQUEUE_RETRIES = text(
+    """
+    INSERT INTO archive_worker_runs
+        (worker_name, status, trigger, requested_by, request, attempt, retry_of, not_before, schedule_id)
+    SELECT last.worker_name, 'QUEUED', 'SCHEDULE', 'scheduler (retry)', last.request, last.attempt + 1,
+           last.run_id,
+           now() + make_interval(secs => LEAST(:cap_s,
+               :base_s * power(2, last.attempt - 1) * (1 - :jitter + random() * 2 * :jitter))),
+           last.schedule_id
+      FROM (SELECT DISTINCT worker_name FROM archive_worker_schedules) AS s
+      CROSS JOIN LATERAL (
+            SELECT r.* FROM archive_worker_runs r
+             WHERE r.worker_name = s.worker_name
+             ORDER BY r.id DESC
+             LIMIT 1) AS last
+     WHERE last.trigger = 'SCHEDULE'
+       AND last.status IN ('FAILED', 'INTERRUPTED')
+       AND last.exit_reason IS DISTINCT FROM 'configuration'
+       AND last.attempt < :attempt_limit
+    ON CONFLICT (worker_name) WHERE status IN ('QUEUED', 'RUNNING') DO NOTHING
+    RETURNING run_id, worker_name, attempt, retry_of
+    """
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuedRetry:
+    run_id: uuid.UUID
+    worker_name: str
+    attempt: int
+    retry_of: uuid.UUID
+
+
+def enqueue_retries(
+    engine: Engine, *, max_attempts: int, base_delay_s: float, cap_s: float, jitter: float
+) -> list[EnqueuedRetry]:
+    """The retries the policy's numbers call for, in one statement (docs/operations.md, "Retry policy")."""
+    params = {"cap_s": cap_s, "base_s": base_delay_s, "jitter": jitter, "attempt_limit": max_attempts}
+    with engine.begin() as conn:
+        return [EnqueuedRetry(**r._mapping) for r in conn.execute(_ENQUEUE_RETRIES, params).all()]
 
 
 # --- claim ---------------------------------------------------------------------------------------
@@ -445,6 +502,14 @@ _FINISH = text(
 ).bindparams(bindparam("run_id", type_=UUID(as_uuid=True)), bindparam("runner_id", type_=UUID(as_uuid=True)))
 
 
+def check_finish(status: str, exit_reason: str | None) -> None:
+    """What ``finish`` refuses before it sends anything (``ValueError``: a caller's bug)."""
+    if status not in TERMINAL_STATUSES:
+        raise ValueError(f"finish needs a terminal status, not {status!r}")
+    if exit_reason is not None and exit_reason not in EXIT_REASONS:
+        raise ValueError(f"unknown exit_reason {exit_reason!r}")
+
+
 def finish(
     engine: Engine,
     run_id: uuid.UUID,
@@ -460,10 +525,7 @@ def finish(
     result: Mapping[str, Any] | None = None,
 ) -> WorkerRun | None:
     """Close this runner's RUNNING row. None means the row was lost: write nothing more for it."""
-    if status not in TERMINAL_STATUSES:
-        raise ValueError(f"finish needs a terminal status, not {status!r}")
-    if exit_reason is not None and exit_reason not in EXIT_REASONS:
-        raise ValueError(f"unknown exit_reason {exit_reason!r}")
+    check_finish(status, exit_reason)
     with one_statement(engine) as conn:
         row = conn.execute(
             _FINISH,
@@ -517,7 +579,11 @@ def expire_leases(engine: Engine) -> list[WorkerRun]:
 # --- the batch fence (decision 0100) ---------------------------------------------------------------
 
 #: The SQLSTATE the commit-time check (migration 0008) raises when a batch's run is not held any more.
+#: Migrations are frozen, so 0008 writes the literal; ``tests/ledger/test_one_home.py`` holds the two equal.
 BATCH_FENCE_SQLSTATE = "SF001"
+#: The commit-time check's own lock_timeout (``SET lock_timeout = '2s'`` on migration 0008's function): the
+#: longest a COMMIT waits for the run's row FOR SHARE before it fails ``blocked``.
+BATCH_FENCE_LOCK_TIMEOUT_S = 2.0
 
 # The one statement a worker's batch adds to its own transaction (RunContext.commit). The INSERT
 # registers the fence: the deferred constraint trigger of migration 0008 checks, at COMMIT and with
@@ -614,6 +680,22 @@ def get_run(engine: Engine, run_id: uuid.UUID) -> WorkerRun | None:
     with one_statement(engine) as conn:
         row = conn.execute(_GET_RUN, {"run_id": run_id}).one_or_none()
     return WorkerRun.from_row(row) if row is not None else None
+
+
+_FIND_RUN_IDS = text(
+    """SELECT run_id FROM archive_worker_runs
+        WHERE right(replace(run_id::text, '-', ''), :n) = :digits OR left(replace(run_id::text, '-', ''), :n) = :digits
+        ORDER BY id DESC LIMIT :limit"""
+)
+
+
+def find_run_ids(engine: Engine, digits: str, limit: int = 5) -> list[uuid.UUID]:
+    """The runs whose id ends (the short id people see: ``run_ids.short_id``) or starts (an older log's
+    8-digit prefix) with the hex ``digits``, newest first, at most ``limit``. A scan of the ledger: a
+    person's lookup, not a protocol step."""
+    with one_statement(engine) as conn:
+        return list(conn.execute(_FIND_RUN_IDS, {"digits": digits.lower(), "n": len(digits),
+                                                 "limit": limit}).scalars())
 
 
 def active_run(engine: Engine, worker_name: str) -> WorkerRun | None:

@@ -36,6 +36,7 @@ class RunnerRegistration:
     poll_seconds: float | None = None
     kind: str = "daemon"
     devices: list[dict[str, Any]] = field(default_factory=list)
+    sees: dict[str, Any] = field(default_factory=dict)  # model_dirs.seen_model_dirs (decision 0145)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,7 @@ class RunnerRow:
     poll_seconds: float | None
     devices: list[dict[str, Any]]
     children: list[dict[str, Any]]
+    sees: dict[str, Any]
     started_at: datetime
     last_heartbeat_at: datetime
     stopped_at: datetime | None
@@ -66,12 +68,12 @@ _REGISTER = text(
     """
     INSERT INTO archive_worker_runners
         (runner_id, name, kind, hostname, pid, package_version, schema_revision, capabilities,
-         concurrency, heartbeat_seconds, lease_seconds, poll_seconds, devices, children,
+         concurrency, heartbeat_seconds, lease_seconds, poll_seconds, devices, children, sees,
          started_at, last_heartbeat_at)
     VALUES
         (:runner_id, :name, :kind, :hostname, :pid, :package_version, :schema_revision, :capabilities,
          :concurrency, :heartbeat_seconds, :lease_seconds, :poll_seconds, CAST(:devices AS jsonb), '[]',
-         now(), now())
+         CAST(:sees AS jsonb), now(), now())
     """
 ).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)), bindparam("capabilities", type_=ARRAY(Text)))
 
@@ -119,6 +121,7 @@ _GET = text(f"SELECT {_COLUMNS}, {_STATE} FROM archive_worker_runners WHERE runn
 def register(engine: Engine, registration: RunnerRegistration) -> None:
     params = {f.name: getattr(registration, f.name) for f in fields(RunnerRegistration)}
     params["devices"] = json.dumps(registration.devices)
+    params["sees"] = json.dumps(registration.sees)
     with one_statement(engine) as conn:
         conn.execute(_REGISTER, params)
 

@@ -104,3 +104,30 @@ def revoke_session(engine: Engine, session_id: int) -> None:
             text("UPDATE auth_sessions SET revoked_at = now() WHERE id = :id AND revoked_at IS NULL"),
             {"id": session_id},
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStanding:
+    """What a long-lived answer (an event stream) was opened under, compared again while it lasts."""
+
+    role: str
+    must_change_password: bool
+
+
+_STANDING = text(
+    """
+    SELECT s.id AS session_id, u.role, u.must_change_password
+      FROM auth_sessions s JOIN auth_users u ON u.id = s.user_id
+     WHERE s.id = ANY(:ids) AND s.revoked_at IS NULL AND s.expires_at > now() AND u.is_active
+    """
+)
+
+
+def live_standings(engine: Engine, session_ids: list[int]) -> dict[int, SessionStanding]:
+    """Of ``session_ids``, the sessions still live (not revoked, not expired, user active) and their
+    user's role now: ONE statement for every open stream of the process (decision 0141)."""
+    if not session_ids:
+        return {}
+    with one_statement(engine) as conn:
+        rows = conn.execute(_STANDING, {"ids": sorted(set(session_ids))}).all()
+    return {row.session_id: SessionStanding(row.role, bool(row.must_change_password)) for row in rows}

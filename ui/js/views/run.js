@@ -4,6 +4,7 @@ import { h, replace, announce, dl } from '../dom.js';
 import * as api from '../api.js';
 import { timeEl, absolute, duration, bytes, number, shortId, json, parseTime } from '../format.js';
 import { statusBadge, progressOf, etaText, activityOf, ACTIVE, queuedReasonText, items } from '../model.js';
+import { runChart } from '../charts.js';
 
 const SIGNALS = { 1: 'SIGHUP', 2: 'SIGINT', 4: 'SIGILL', 6: 'SIGABRT', 7: 'SIGBUS', 8: 'SIGFPE', 9: 'SIGKILL', 11: 'SIGSEGV', 13: 'SIGPIPE', 15: 'SIGTERM' };
 const REASONS = {
@@ -32,6 +33,13 @@ export function mount(main, route, ctx) {
   let retryError = null;
   const chainCache = new Map();
   let schedules = null; // id -> schedule, read once: a run names its schedule, not a bare number
+  // Made once and moved into each render: the canvas survives a refresh, and a live run's chart gains
+  // points in place (each ledger event refreshes the view, which re-reads the series).
+  const chart = runChart();
+  const chartCard = h('section.card.section', { 'aria-labelledby': 'chart-h' },
+    h('h2#chart-h', 'Over its life'),
+    h('p.small.muted', 'Units per second between samples, and the child’s memory (RSS, GPU) as the supervisor samples it at each heartbeat.'),
+    chart.el);
 
   async function refresh() {
     let data;
@@ -42,10 +50,23 @@ export function mount(main, route, ctx) {
         replace(body, h('h1', 'Run not found'), h('p', `No run has the id ${runId}.`), h('a', { href: '#/runs' }, 'All runs'));
         return 'idle';
       }
+      if (err.status === 409 && Array.isArray(err.body?.run_ids)) {
+        // A short id that several runs share: let the person pick.
+        replace(body, h('h1', `Several runs match ${runId}`),
+          h('ul', err.body.run_ids.map((id) => h('li', h('a.mono', { href: `#/runs/${id}` }, id)))));
+        return 'idle';
+      }
       throw err;
     }
     const run = data?.run && typeof data.run === 'object' ? { ...data.run, ...data } : data;
     const chain = await attempts(run, data);
+    if (run.started_at) {
+      try {
+        chart.update(await api.get(`/system/charts/runs/${runId}`));
+      } catch (err) {
+        if (err.status === 401) throw err; // the rest of the page stands without its chart
+      }
+    }
     if (run.schedule_id !== null && run.schedule_id !== undefined && schedules === null) {
       try {
         schedules = new Map(items(await api.get('/system/schedules'), 'schedules').map((sc) => [sc.id, sc]));
@@ -120,6 +141,8 @@ export function mount(main, route, ctx) {
       sections.push(h('p.notice.warn', h('strong', 'Why it is not running yet: '),
         queuedReasonText(reason) || 'waiting for a runner to claim it.'));
     }
+
+    if (run.started_at) sections.push(chartCard);
 
     const queued = parseTime(run.queued_at);
     const started = parseTime(run.started_at);
@@ -226,7 +249,7 @@ export function mount(main, route, ctx) {
     ctx.poke();
   }
 
-  return { title: `Run ${shortId(runId)}`, refresh };
+  return { title: `Run ${shortId(runId)}`, refresh, unmount: () => chart.destroy() };
 }
 
 function stamp(value) {

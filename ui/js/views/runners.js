@@ -6,6 +6,10 @@ import * as api from '../api.js';
 import { timeEl, duration, bytes, number, shortId, parseTime } from '../format.js';
 import { items } from '../model.js';
 import { serverNow } from '../api.js';
+import { slotsChart } from '../charts.js';
+
+/** A runner's slots chart is re-read at most this often (a heartbeat refreshes the page every 15 s). */
+const SLOTS_EVERY_MS = 60000;
 
 export function mount(main, route, ctx) {
   const wanted = route.params?.runner || null;
@@ -18,10 +22,30 @@ export function mount(main, route, ctx) {
   let last = [];
   let foldEl = null;
   let scrolled = false;
+  const slotCharts = new Map(); // runner_id -> {chart, at}: kept across renders, moved into each card
+
+  async function refreshSlots(runners) {
+    const now = Date.now();
+    await Promise.all(runners.map(async (r) => {
+      let entry = slotCharts.get(r.runner_id);
+      if (!entry) {
+        entry = { chart: slotsChart(), at: 0 };
+        slotCharts.set(r.runner_id, entry);
+      }
+      if (now - entry.at < SLOTS_EVERY_MS) return;
+      try {
+        entry.chart.update(await api.get(`/system/charts/runners/${r.runner_id}`));
+        entry.at = now;
+      } catch (err) {
+        if (err.status === 401) throw err; // the card stands without its chart
+      }
+    }));
+  }
 
   async function refresh() {
     const data = await api.get('/system/runners');
     last = items(data, 'runners');
+    await refreshSlots(last.filter((r) => r.state !== 'stopped' || r.runner_id === wanted));
     render();
     const busy = last.some((r) => (r.children || []).length > 0 && r.state !== 'stopped');
     return busy ? 'running' : 'idle';
@@ -76,6 +100,7 @@ export function mount(main, route, ctx) {
         [state === 'stopped' ? 'Stopped' : 'Last heartbeat', timeEl(state === 'stopped' ? r.stopped_at : r.last_heartbeat_at)],
         ['Devices', devices.length ? devices.map((d) => device(d, children)) : h('span.muted', 'no GPU')],
       ]),
+      slotCharts.has(r.runner_id) ? h('section.runner-slots', { 'aria-label': `Slots busy on ${r.name} over 24 h` }, slotCharts.get(r.runner_id).chart.el) : null,
       h('section', { 'aria-label': `Children of ${r.name}` },
         h('h3', `Children (${children.length})`),
         children.length ? childrenTable(children) : h('p.muted.small', state === 'stopped' ? 'Stopped.' : 'No run in progress.')),
@@ -153,5 +178,9 @@ export function mount(main, route, ctx) {
     ctx.poke();
   }
 
-  return { title: 'Runners', refresh };
+  function unmount() {
+    for (const { chart } of slotCharts.values()) chart.destroy();
+  }
+
+  return { title: 'Runners', refresh, unmount };
 }

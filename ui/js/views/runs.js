@@ -41,8 +41,20 @@ export function mount(main, route, ctx) {
   }
   function reset() { ctx.navigate('runs', {}); }
 
+  // A run id as people see it (its last 12 digits), or a whole one, or an old log's first 8: the API finds it.
+  const goInput = h('input', { type: 'search', placeholder: 'e.g. 7d4e9a1c2b3f', spellcheck: 'false', autocomplete: 'off' });
+  const go = field({ label: 'Run id', name: 'run_id', control: goInput });
+  function goTo(ev) {
+    ev?.preventDefault();
+    const typed = goInput.value.trim().replace(/[^0-9a-fA-F-]/g, '');
+    if (typed.replace(/-/g, '').length < 8) { go.setError('Type at least 8 hex digits of the run id.'); return; }
+    ctx.navigate(`runs/${typed.toLowerCase()}`);
+  }
+
   main.append(
     h('div.page-head', h('div', h('h1', 'Runs'), h('p', 'Every run of every worker: the ledger is the queue.'))),
+    h('form.filters.card', { onsubmit: goTo, role: 'search', 'aria-label': 'Find a run by its id' },
+      go.el, h('div.actions', h('button', { type: 'submit' }, 'Go to run'))),
     h('form.filters.card', { onsubmit: apply, role: 'search', 'aria-label': 'Filter the runs' },
       Object.values(filters).map((f) => f.el),
       h('div.actions', h('button', { type: 'submit' }, 'Filter'), h('button.secondary', { type: 'button', onclick: reset }, 'Clear'))),

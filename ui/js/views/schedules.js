@@ -3,7 +3,7 @@
 import { h, replace, announce } from '../dom.js';
 import * as api from '../api.js';
 import { field, showErrors } from '../forms.js';
-import { timeEl, duration, shortId } from '../format.js';
+import { timeEl, duration, shortId, plural } from '../format.js';
 import { items } from '../model.js';
 
 const REFUSED = 'refused: ';
@@ -35,7 +35,8 @@ export function mount(main, route, ctx) {
 
   function render() {
     const enabled = schedules.filter((s) => s.enabled).length;
-    summary.textContent = `${schedules.length} schedules · ${enabled} enabled · one per worker`;
+    const quarantined = schedules.filter((s) => s.quarantined).length;
+    summary.textContent = `${plural(schedules.length, 'schedule')} · ${enabled} enabled${quarantined ? ` · ${quarantined} quarantined` : ''} · one per worker`;
     if (!schedules.length) {
       replace(tableBox, h('p.muted', ctx.canOperate() ? 'No schedule yet: add one below.' : 'No schedule yet.'));
       return;
@@ -49,12 +50,13 @@ export function mount(main, route, ctx) {
 
   function row(s) {
     const refused = (s.last_outcome || '').startsWith(REFUSED);
-    return h('tr', { dataset: { schedule: s.id, worker: s.worker_name }, class: s.id === highlight ? 'highlight' : '' },
+    return h('tr', { dataset: { schedule: s.id, worker: s.worker_name, state: stateOf(s) }, class: s.id === highlight ? 'highlight' : '' },
       h('td', { 'data-label': 'Worker' }, h('a', { href: `#/runs?worker=${encodeURIComponent(s.worker_name)}` }, s.worker_name),
         h('div.small.muted', `schedule ${s.id}`)),
       h('td', { 'data-label': 'Every' }, duration(s.interval_seconds * 1000)),
-      h('td', { 'data-label': 'State' }, h('span.badge', { class: s.enabled ? 'enabled' : 'disabled' }, s.enabled ? 'enabled' : 'disabled')),
-      h('td', { 'data-label': 'Next tick' }, s.enabled ? timeEl(s.next_run_at) : h('span.muted', 'disabled')),
+      h('td', { 'data-label': 'State' }, h('span.badge', { class: stateOf(s) }, stateOf(s)),
+        s.quarantine ? quarantineText(s.quarantine) : null),
+      h('td', { 'data-label': 'Next tick' }, s.enabled ? timeEl(s.next_run_at) : h('span.muted', stateOf(s))),
       h('td', { 'data-label': 'Last outcome' },
         s.last_outcome
           ? h('span', { class: refused ? 'outcome refused' : 'outcome' }, refused ? h('strong', 'refused: ') : null,
@@ -65,6 +67,20 @@ export function mount(main, route, ctx) {
       ctx.canOperate() ? h('td.actions', { 'data-label': 'Actions' }, actions(s)) : null);
   }
 
+  function stateOf(s) {
+    if (s.quarantined) return 'quarantined';
+    return s.enabled ? 'enabled' : 'disabled';
+  }
+
+  // Why the scheduler paused it: the reason, the fingerprint (a link to its runs) and the last failed run.
+  function quarantineText(q) {
+    return h('div.quarantine.small',
+      h('div', q.reason || 'crash loop'),
+      q.fingerprint ? h('div', 'error ', h('a.mono.fingerprint', { href: `#/runs?fingerprint=${encodeURIComponent(q.fingerprint)}` }, q.fingerprint)) : null,
+      h('div.muted', 'since ', timeEl(q.quarantined_at),
+        q.run_id ? [' · ', h('a.mono', { href: `#/runs/${q.run_id}` }, `run ${shortId(q.run_id)}`)] : null));
+  }
+
   function actions(s) {
     if (confirming.has(s.id)) {
       return [h('span.small', `Remove the ${s.worker_name} schedule?`),
@@ -72,8 +88,10 @@ export function mount(main, route, ctx) {
         h('button.secondary', { type: 'button', onclick: () => { confirming.delete(s.id); render(); } }, 'No')];
     }
     return [
-      h('button.secondary', { type: 'button', onclick: () => setEnabled(s, !s.enabled), 'aria-label': `${s.enabled ? 'Disable' : 'Enable'} the ${s.worker_name} schedule` },
-        s.enabled ? 'Disable' : 'Enable'),
+      s.quarantined
+        ? h('button', { type: 'button', onclick: () => resume(s), 'aria-label': `Resume the ${s.worker_name} schedule` }, 'Resume')
+        : h('button.secondary', { type: 'button', onclick: () => setEnabled(s, !s.enabled), 'aria-label': `${s.enabled ? 'Disable' : 'Enable'} the ${s.worker_name} schedule` },
+          s.enabled ? 'Disable' : 'Enable'),
       h('button.danger', { type: 'button', 'aria-label': `Remove the ${s.worker_name} schedule`,
         onclick: () => { confirming.add(s.id); render(); tableBox.querySelector(`tr[data-schedule="${s.id}"] button.danger`)?.focus(); } }, 'Remove'),
     ];
@@ -86,6 +104,17 @@ export function mount(main, route, ctx) {
       replace(errorBox);
     } catch (err) {
       replace(errorBox, h('div.notice.bad', { role: 'alert' }, `Could not change the schedule: ${err.message}`));
+    }
+    ctx.poke();
+  }
+
+  async function resume(s) {
+    try {
+      await api.request('POST', `/system/schedules/${s.id}/resume`);
+      announce(`The ${s.worker_name} schedule is resumed.`);
+      replace(errorBox);
+    } catch (err) {
+      replace(errorBox, h('div.notice.bad', { role: 'alert' }, `Could not resume the schedule: ${err.message}`));
     }
     ctx.poke();
   }

@@ -21,10 +21,17 @@ export function mount(main, route, ctx) {
   const formBox = h('div');
   const revisionsBox = h('div');
   const errorBox = h('div');
+  // What is saved but may not run: a model directory no online runner of the worker has seen (0145).
+  const warningsBox = h('div', { 'data-settings-warnings': '' });
+  function renderWarnings(warnings) {
+    replace(warningsBox, (warnings || []).map((w) => h('div.notice.warn', { role: 'alert', 'data-field': w.field },
+      h('strong', `${w.field}: `), w.message)));
+  }
   main.append(
     h('div.page-head', h('div', heading, h('p', h('a', { href: '#/workers' }, 'All workers'), ' · ',
       h('a', { href: `#/runs?worker=${encodeURIComponent(name)}` }, `${name} runs`)))),
     errorBox,
+    warningsBox,
     h('div.cols-2.section',
       h('section.card', { 'aria-labelledby': 'eff-h' }, h('h2#eff-h', 'Effective now'),
         h('p.small.muted', 'What a run with an empty request uses: the saved settings over the defaults.'), effectiveBox),
@@ -49,6 +56,9 @@ export function mount(main, route, ctx) {
     heading.textContent = `Settings · ${worker.label}`;
     renderEffective(data.settings?.effective || {});
     if (!formBox.firstChild) buildSaved(data.settings?.persisted || null);
+    try {
+      renderWarnings((await api.get(`/system/workers/${encodeURIComponent(name)}/settings`)).warnings);
+    } catch { /* the page stands without them */ }
     await renderRevisions();
     return 'idle';
   }
@@ -164,6 +174,7 @@ export function mount(main, route, ctx) {
         formError.textContent = '';
         announce(`Settings of ${worker.label} saved (revision ${revision}).`);
         replace(errorBox, h('div.notice.ok', { role: 'status' }, `Saved: revision ${revision}.`));
+        renderWarnings(out.warnings);
       } catch (err) {
         if (err.status === 409) formError.textContent = `The settings changed meanwhile (now revision ${err.body?.revision ?? '?'}): reload the page to see them.`;
         else showErrors(fields, err, formError);

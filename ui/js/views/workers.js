@@ -7,7 +7,7 @@ import { h, replace, announce, dl } from '../dom.js';
 import * as api from '../api.js';
 import { field, showErrors } from '../forms.js';
 import { optionFields, readOptions } from '../options.js';
-import { timeEl, duration, number, shortId } from '../format.js';
+import { timeEl, duration, number, shortId, plural } from '../format.js';
 import {
   items, normaliseWorker, workerState, STATE_LABEL, statusBadge, progressOf, etaText,
   queuedReasonText, activityOf, setupLabel,
@@ -55,7 +55,7 @@ export function mount(main, _route, ctx) {
     if (!workers.length) replace(grid, h('p.card.empty', 'No worker is installed.'));
     const running = workers.filter((w) => w.active?.status === 'RUNNING').length;
     const queued = workers.filter((w) => w.active?.status === 'QUEUED').length;
-    summary.textContent = `${workers.length} workers · ${running} running · ${queued} queued`;
+    summary.textContent = `${plural(workers.length, 'worker')} · ${running} running · ${queued} queued`;
     return activityOf(workers.map((w) => w.active?.status).filter(Boolean));
   }
 
@@ -66,8 +66,9 @@ export function mount(main, _route, ctx) {
     const form = ctx.canOperate() ? buildForm(w) : null;
     const el = h('article.card.worker', { role: 'listitem', 'aria-labelledby': titleId, dataset: { worker: w.name } },
       h('div.worker-head',
-        h('div', h('h2', { id: titleId }, w.label), h('div.name', w.name)),
+        h('div', h('h2', { id: titleId }, h('a', { href: workerHref(w.name) }, w.label)), h('div.name', w.name)),
         h('div.worker-head-side', badge,
+          h('a.small', { href: workerHref(w.name), 'aria-label': `Trend of ${w.label}` }, 'Trend'),
           h('a.small', { href: settingsHref(w.name), 'aria-label': `Settings of ${w.label}` }, 'Settings'))),
       w.description ? h('p.desc', w.description) : null,
       status,
@@ -90,7 +91,9 @@ export function mount(main, _route, ctx) {
       submit.title = w.active ? 'A run is active: wait for it to end, or cancel it' : '';
     }
     card.el.dataset.needs = w.setupError ? setupLabel(w.setupError) : '';
+    card.el.dataset.quarantined = w.quarantine ? 'true' : 'false';
     replace(card.status,
+      w.quarantine ? quarantineNote(w) : null,
       w.setupError ? h('div.notice.warn.small.needs-setup', { role: 'note' },
         h('strong', `${w.label} ${setupLabel(w.setupError)}: `), w.setupError.message || w.setupError.field, ' ',
         h('a', { href: settingsHref(w.name) }, 'Open its settings')) : null,
@@ -106,6 +109,16 @@ export function mount(main, _route, ctx) {
         ['Last run', lastRun(w.last)],
         ['Runners', runnersText(w)],
       ]));
+  }
+
+  // The worker's schedule was paused by the scheduler: its last retry chains failed the same way.
+  function quarantineNote(w) {
+    const q = w.quarantine;
+    return h('div.notice.bad.small.quarantine', { role: 'note' },
+      h('span.badge.quarantined', 'schedule quarantined'), ' ',
+      q.reason || 'crash loop', ' ',
+      q.fingerprint ? h('a.mono', { href: `#/runs?fingerprint=${encodeURIComponent(q.fingerprint)}`, title: 'Runs with this error' }, q.fingerprint) : null,
+      ' · ', h('a', { href: `#/schedules?schedule=${q.schedule_id}` }, ctx.canOperate() ? 'Resume it on Schedules' : 'See Schedules'));
   }
 
   function count(value, label, key) {
@@ -301,6 +314,10 @@ export function mount(main, _route, ctx) {
   }
 
   return { title: 'Workers', refresh };
+}
+
+function workerHref(name) {
+  return `#/workers/${encodeURIComponent(name)}`;
 }
 
 function settingsHref(name) {

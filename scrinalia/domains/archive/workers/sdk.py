@@ -168,7 +168,10 @@ class OptionSpec:
             raise ValueError(f"unknown option type {self.type!r}")
 
     def coerce(self, value: Any, field_name: str) -> Any:
-        """Validate ``value`` (strings from a command line are parsed); raise ``InvalidOption``."""
+        """Validate ``value`` as it came in JSON; raise ``InvalidOption``. Strict, everywhere (the API,
+        the CLIs, the scheduler, the child at claim): an int is a JSON integer and a bool a JSON
+        boolean, never a string that looks like one (decision 0140). A command line's text is read by
+        ``from_text`` first."""
         if value is None:
             if self.nullable or self.default is None:
                 return None
@@ -177,16 +180,19 @@ class OptionSpec:
         self._check_bounds(value, field_name)
         return value
 
+    def from_text(self, text: str, field_name: str) -> Any:
+        """A command line's ``KEY=VALUE`` text as this option's JSON value (``"64"`` -> 64 for an int,
+        ``true``/``false`` for a bool, JSON for a list or dict, the text itself for a string or path);
+        ``coerce`` then validates it like any request."""
+        if self.type in _PARSED_FROM_STRING:
+            return _parse_string(text, self.type, field_name)
+        return text
+
     def _typed(self, value: Any, field_name: str) -> Any:
-        """``value`` as this option's type: parsed from a string, an integral float as an int, a
-        tuple as a list; a boolean is never a number."""
-        if isinstance(value, str) and self.type in _PARSED_FROM_STRING:
-            value = _parse_string(value, self.type, field_name)
-        _refuse_boolean_number(self.type, value, field_name)
-        if self.type == "int" and isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, _TYPES[self.type]):
-            raise InvalidOption(field_name, f"must be of type {self.type}, not {type(value).__name__}")
+        """``value`` as this option's type: a tuple as a list, an int where a float is asked; never a
+        string as a number or a boolean, never a boolean as a number, never a float as an int."""
+        if not isinstance(value, _TYPES[self.type]) or (self.type in ("int", "float") and isinstance(value, bool)):
+            raise InvalidOption(field_name, type_mismatch(self.type, value))
         normalise = _NORMALISE.get(self.type)
         return normalise(value, field_name) if normalise else value
 
@@ -214,11 +220,29 @@ class OptionSpec:
 _PARSED_FROM_STRING = ("int", "float", "bool", "list", "dict")
 
 
-def _refuse_boolean_number(type_: str, value: Any, field_name: str) -> None:
-    """``True`` is an ``int`` to Python, never a number to an option."""
-    if type_ in ("int", "float") and isinstance(value, bool):
-        kind = "an integer" if type_ == "int" else "a number"
-        raise InvalidOption(field_name, f"must be {kind}, not a boolean")
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "a boolean (true or false)", "str": "a string",
+               "path": "a string (a path)", "list": "a list", "dict": "an object"}
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number with a fraction" if not value.is_integer() else "a number written with a decimal point"
+    if isinstance(value, str):
+        return f"a string ({value[:40]!r})"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def type_mismatch(type_: str, value: Any) -> str:
+    """The one message for a value of the wrong JSON type, the same from every entry point."""
+    return f"must be {_TYPE_WORDS[type_]}, not {_json_kind(value)}"
 
 
 def _finite_float(value: Any, field_name: str) -> float:
@@ -735,6 +759,16 @@ class DatabaseOutage(RuntimeError):
     """The database stayed unreachable (or blocked) for longer than the run's lease: the run fails."""
 
 
+class BatchHeldOpen(DatabaseOutage):
+    """The worker's own batch transaction stayed idle past ``idle_in_transaction_session_timeout``
+    (lease / 2, decision 0101), so the server ended it: the worker computes inside ``ctx.commit``. Not
+    the database's fault, and trying again would hold it again (decision 0145)."""
+
+
+#: The server ended a transaction left idle past ``idle_in_transaction_session_timeout``.
+IDLE_IN_TRANSACTION_SQLSTATE = "25P03"
+
+
 def lease_of(run: WorkerRun) -> float:
     """A claimed run's lease, as its claim set it (``lease_expires_at - heartbeat_at``, one ``now()``)."""
     if run.lease_expires_at is not None and run.heartbeat_at is not None:
@@ -744,12 +778,24 @@ def lease_of(run: WorkerRun) -> float:
     return DEFAULT_LEASE_SECONDS
 
 
+def _held_open(what: str, bound_seconds: float, exc: BaseException) -> BatchHeldOpen:
+    return BatchHeldOpen(
+        f"the worker held its batch transaction open longer than lease/2 ({bound_seconds / 2:g} s, the "
+        f"database's idle_in_transaction_session_timeout) during {what}: compute before ctx.commit, not "
+        f"inside it ({describe_database_error(exc)})")
+
+
 def retry_database(what: str, attempt: Callable[[], T], bound_seconds: float) -> T:
     """``attempt()``, tried again on a new connection while the database is ``unreachable`` or
     ``blocked`` (decision 0103), for at most ``bound_seconds`` after the first failure (decision 0104);
-    then ``DatabaseOutage``. The batch fence's refusal is ``LeaseLost``; any other error is raised."""
+    then ``DatabaseOutage``. The batch fence's refusal is ``LeaseLost``; any other error is raised.
+
+    A transaction the server ended for idling (25P03) is tried once more (a child that was frozen and
+    resumed deserves it: the fence then decides); twice in a row, the attempt itself holds it open, and
+    ``BatchHeldOpen`` names that cause at once instead of "the database stayed blocked"."""
     deadline: float | None = None
     tries = 0
+    idled = 0
     while True:
         try:
             return attempt()
@@ -760,9 +806,15 @@ def retry_database(what: str, attempt: Callable[[], T], bound_seconds: float) ->
             state = classify_database_error(exc)
             if state not in ("unreachable", "blocked"):
                 raise
+            sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+            idled = idled + 1 if sqlstate == IDLE_IN_TRANSACTION_SQLSTATE else 0
+            if idled >= 2:
+                raise _held_open(what, bound_seconds, exc) from None
             now = time.monotonic()
             deadline = deadline if deadline is not None else now + bound_seconds
             if now >= deadline:
+                if idled:
+                    raise _held_open(what, bound_seconds, exc) from None
                 raise DatabaseOutage(
                     f"the database stayed {state} for longer than the run's lease ({bound_seconds:g} s) "
                     f"during {what}: {describe_database_error(exc)}") from None

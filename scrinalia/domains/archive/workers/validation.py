@@ -9,6 +9,7 @@ here is what a runner can resolve. Nothing here imports torch: engines are descr
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ from sqlalchemy import Engine
 
 from scrinalia.domains.archive.errors import InvalidRunRequest
 from scrinalia.domains.archive.ledger import validate_request
-from scrinalia.domains.archive.workers.sdk import UnknownWorker, WorkerSpec
+from scrinalia.domains.archive.workers.sdk import OptionSpec, UnknownWorker, WorkerSpec
 
 Catalogue = Mapping[str, WorkerSpec]
 
@@ -54,3 +55,31 @@ def validate_run_request(catalogue: Catalogue, engine: Engine | None, worker_nam
     clean = validate_request(request or {})
     resolve_or_raise(spec, engine, clean)
     return clean
+
+
+def option_from_text(spec: WorkerSpec | None, section: str, key: str, text: str,
+                     engine_name: str | None = None) -> Any:
+    """A command line's ``KEY=VALUE`` (``section``: options | engine_options) as the JSON value a
+    request carries: read by the option's declared type where the catalogue declares it (the engine's
+    options: of ``engine_name``, else of the worker's default engine, else of any engine that declares
+    ``key``); an undeclared key as a JSON scalar, else the text. ``validate_run_request`` then judges it
+    as it judges the API's JSON, with the same messages (decision 0140)."""
+    declared = _declared_option(spec, section, key, engine_name) if spec is not None else None
+    if declared is not None:
+        return declared.from_text(text, f"{section}.{key}")
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return text if isinstance(value, dict | list) else value
+
+
+def _declared_option(spec: WorkerSpec, section: str, key: str, engine_name: str | None) -> OptionSpec | None:
+    if section == "options":
+        return spec.options.get(key)
+    names = [n for n in (engine_name, spec.default_engine) if n] + list(spec.engines)
+    for name in names:
+        engine = spec.engines.get(name)
+        if engine is not None and key in engine.options:
+            return engine.options[key]
+    return None

@@ -31,7 +31,8 @@ def model_hint(worker: str, kind: str) -> str:
     """What to set, and where, for a model directory that no layer gives (docs/workers.md, "Models")."""
     return (f"engine_options.model must name a local {kind} model directory on the runner's host: set it in "
             f"the panel (Workers > {worker} > Settings), with PUT /api/v1/system/workers/{worker}/settings, "
-            f"or in the run request; docs/workers.md (\"Models\") says where models come from")
+            f"or in the run request (scrinalia-runner run {worker} --engine-option model=DIR); docs/workers.md "
+            f"(\"Models\") says where models come from")
 
 
 def model_dir_option(description: str, default: str | None = None, *, required_hint: str | None = None) -> OptionSpec:

@@ -1,0 +1,35 @@
+"""The packages of the distribution, the one thing pyproject.toml cannot declare: ``packages.find`` cannot
+be combined with folders mapped into another package's namespace. The repository keeps ``migrations/``,
+``ui/`` and ``systemd/`` at its top; the wheel installs them as ``scrinalia._migrations``, ``scrinalia._ui``
+and ``scrinalia._systemd``, so site-packages gains only ``scrinalia`` and ``runner`` (decision 0150), with
+every file of those folders (the panel's vendored libraries and their licences included). The metadata is
+in pyproject.toml."""
+from setuptools import find_namespace_packages, setup
+
+BUNDLED = {"scrinalia._migrations": "migrations", "scrinalia._ui": "ui", "scrinalia._systemd": "systemd"}
+
+NOT_CODE = ["*.__pycache__", "*.__pycache__.*", "__pycache__", "__pycache__.*"]
+
+
+def bundled_packages() -> list[str]:
+    """Each mapped folder and its sub-folders (``scrinalia._ui.js.views``): setuptools ships a folder's
+    files only for a package it is told of."""
+    packages = []
+    for package, folder in BUNDLED.items():
+        packages.append(package)
+        packages.extend(f"{package}.{sub}" for sub in find_namespace_packages(where=folder, exclude=NOT_CODE))
+    return packages
+
+
+# The code's own data files: SQL, the demo collection, JSON schemas.
+CODE_DATA = ["*.sql", "*.json", "*.jsonl", "*.csv"]
+
+setup(
+    packages=[
+        *find_namespace_packages(include=["scrinalia", "scrinalia.*", "runner", "runner.*"], exclude=NOT_CODE),
+        *bundled_packages(),
+    ],
+    package_dir=BUNDLED,
+    package_data={"": CODE_DATA, **{package: ["*"] for package in bundled_packages()}},
+    exclude_package_data={"": ["*.pyc"]},
+)
