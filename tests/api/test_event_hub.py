@@ -3,9 +3,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from scrinalia.api.events import CLOSED, QUEUE_SIZE, EventHub, Subscriber
 from scrinalia.domains.archive.ledger_events import RESYNC, LedgerEvent
+
+
+def _run(scenario: Coroutine[Any, Any, Any]) -> Any:
+    """``asyncio.run`` in a thread of its own: the test process's main thread may already run an event loop
+    (the panel's session browser, Playwright's sync API, when pytest-xdist gives a worker both)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, scenario).result()
 
 
 def test_a_full_queue_is_replaced_by_one_resync() -> None:
@@ -20,7 +30,7 @@ def test_a_full_queue_is_replaced_by_one_resync() -> None:
         assert sub.overflows == 1
         return drained, events
 
-    drained, events = asyncio.run(scenario())
+    drained, events = _run(scenario())
     assert drained[0] == RESYNC
     assert drained[1:] == events[QUEUE_SIZE + 1:]  # what came after the overflow is kept, in order
     assert len(drained) <= QUEUE_SIZE
@@ -36,7 +46,7 @@ def test_ending_the_streams_reaches_every_subscriber(engine) -> None:
         assert late.queue.get_nowait() is CLOSED
         await hub.close()
 
-    asyncio.run(scenario())
+    _run(scenario())
 
 
 def test_the_stream_opens_with_its_retry_and_hello(client, viewer_headers) -> None:

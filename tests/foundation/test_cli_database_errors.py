@@ -50,7 +50,13 @@ def test_one_line_and_exit_5(bad_url, argv):
     assert SECRET not in proc.stderr + proc.stdout
 
 
+#: The line of one failed try (``database_problem``): both faults are "unreachable" (no server answer).
+FAILED_TRY = "the database does not answer (OperationalError: "
+
+
 def test_the_scheduler_service_logs_one_line_per_failed_tick(bad_url):
+    """Until the database answers, the service retries: one WARNING line per try, naming the state
+    (unreachable) and libpq's reason. It waits for two such lines, not for its watchdog."""
     url, reason = bad_url
     proc = subprocess.Popen([sys.executable, "-m", "scrinalia.cli.main", "scheduler", "run", "--interval", "0.2"],
                             cwd=ROOT, env=_env(url), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -60,7 +66,7 @@ def test_the_scheduler_service_logs_one_line_per_failed_tick(bad_url):
         seen = []
         for line in proc.stdout:
             seen.append(line)
-            if sum("database error" in s for s in seen) >= 2:
+            if sum(FAILED_TRY in s for s in seen) >= 2:
                 break
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=30)
@@ -69,4 +75,9 @@ def test_the_scheduler_service_logs_one_line_per_failed_tick(bad_url):
         if proc.poll() is None:
             proc.kill()
     output = "".join(seen) + (rest or "")
-    assert reason in output and "Traceback" not in output and SECRET not in output, output
+    assert proc.returncode == 0, output  # SIGTERM stopped it, not the watchdog
+    failed = [s for s in seen if FAILED_TRY in s]
+    assert len(failed) >= 2, output
+    for line in failed:  # one line per try: the state, libpq's reason and the retry, on that one line
+        assert " WARNING scrinalia.scheduler: " in line and reason in line and "; retrying in " in line, line
+    assert "Traceback" not in output and SECRET not in output, output
