@@ -3,6 +3,7 @@ and durations, a runner's busy slots, and the retention that the scheduler's tic
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
@@ -104,17 +105,23 @@ def test_a_malformed_children_snapshot_never_fails_the_heartbeat(engine):
 
 def test_runs_per_hour_sum_to_the_ledgers_runs_in_the_window(engine, client, viewer_headers):
     runner = register_runner(engine, ["alpha"])
-    ages_h = [0.1, 0.2, 3.5, 3.6, 3.7, 23.0, 30.0, 100.0, 200.0]
+    # Ages in hours; the three "4h+" runs finish 10, 20 and 30 min into the hourly bucket that began 4 h
+    # before the current one, so they share one bucket whatever the minute the test runs at.
+    ages_h: list[float | str] = [0.1, 0.2, "4h+10", "4h+20", "4h+30", 23.0, 30.0, 100.0, 200.0]
     statuses = ["SUCCESS", "FAILED", "SUCCESS", "SUCCESS", "CANCELLED", "INTERRUPTED", "SUCCESS", "FAILED", "SUCCESS"]
     durations = [1000, 2000, 3000, 5000, 0, 100, 7000, 100, 100]
+    with engine.connect() as conn:
+        now_s = float(conn.execute(text("SELECT extract(epoch FROM now())")).scalar_one())
+    hour0 = now_s // 3600 * 3600
     for age, status, ms in zip(ages_h, statuses, durations, strict=True):
         ledger.enqueue(engine, "alpha", {})
         run = ledger.claim_next(engine, runner, ["alpha"], 60)
         assert run is not None
         ledger.finish(engine, run.run_id, runner, status)
+        at = hour0 - 4 * 3600 + int(age[3:]) * 60 if isinstance(age, str) else now_s - age * 3600
         with engine.begin() as conn:
-            conn.execute(text("UPDATE archive_worker_runs SET finished_at = now() - make_interval(secs => :a), "
-                              "duration_ms = :ms WHERE run_id = :r"), {"a": age * 3600, "ms": ms, "r": run.run_id})
+            conn.execute(text("UPDATE archive_worker_runs SET finished_at = to_timestamp(:at), "
+                              "duration_ms = :ms WHERE run_id = :r"), {"at": at, "ms": ms, "r": run.run_id})
 
     for window, hours in (("24h", 24), ("7d", 168)):
         r = client.get(f"{C}/workers/alpha", params={"window": window}, headers=viewer_headers)
@@ -130,9 +137,9 @@ def test_runs_per_hour_sum_to_the_ledgers_runs_in_the_window(engine, client, vie
         assert counted == (6 if window == "24h" else 8)  # 200 h ago is past 7 d
 
     body = client.get(f"{C}/workers/alpha", headers=viewer_headers).json()
-    # The bucket ~3.5 h ago holds two successes (3000, 5000 ms) and a cancelled run: p50 of the successes.
+    # The bucket 4 h before the current one: two successes (3000, 5000 ms) and a cancelled run; p50 of the successes.
     both = [b for b in body["buckets"] if b["success"] == 2]
-    assert both and both[0]["p50_ms"] == 4000 and both[0]["cancelled"] in (0, 1)
+    assert both and both[0]["p50_ms"] == 4000 and both[0]["cancelled"] == 1
     assert all(b["p50_ms"] is None for b in body["buckets"] if b["success"] == 0)
 
 
@@ -156,6 +163,72 @@ def test_a_runners_busy_slots(engine, client, viewer_headers):
     assert max(b["busy"] for b in body["buckets"]) == 2.0  # both ran over the same half hour
     week = client.get(f"{C}/runners/{runner}", params={"window": "7d"}, headers=viewer_headers).json()
     assert abs(sum(b["busy"] for b in week["buckets"]) * 3600 - 1.5 * 3600) < 5
+
+
+def _expected_busy(spans, since: float, until: float, step: float) -> list[float]:
+    """The average busy slots of each bucket from ``since`` to ``until``, from the runs' (start, finish)
+    epochs (finish None: still running, busy until ``until``), by plain overlap arithmetic."""
+    buckets = []
+    b = since
+    while b <= until:
+        end = min(b + step, until)
+        buckets.append(sum(max(0.0, min(f if f is not None else until, end) - max(s, b)) for s, f in spans) / step)
+        b += step
+    return buckets
+
+
+def test_a_runners_busy_slots_per_bucket_at_the_edges(engine, client, viewer_headers):
+    """Each bucket's busy slots against the overlap arithmetic, for the runs at the edges of the buckets
+    and of the window: spanning several buckets, still RUNNING, begun before the window (finished in it or
+    still running), ending exactly on a bucket's edge, and a run whose finish precedes its start (none)."""
+    # age of the start, age of the finish (None: RUNNING), in seconds
+    shapes = {
+        "several": (100 * 60 + 7, 61 * 60 - 13),          # over several 10-min buckets and 1-h buckets
+        "running": (25 * 60 + 3, None),                  # still RUNNING: busy until the statement's now()
+        "early": (26 * 3600 + 11, 23 * 3600 + 1_805),    # begun before the 24-h window, finished in it
+        "older": (8 * 86_400, 6 * 86_400 + 17),          # begun before the 7-d window, finished in it
+        "forever": (9 * 86_400, None),                   # begun before both windows, still RUNNING
+        "inverted": (3_000, 3_600),                      # finished "before" it started: no busy time
+        "short": (5.5, 2.25),                             # within the current bucket
+    }
+    runner = register_runner(engine, list(shapes))
+    for worker, (start_age, finish_age) in shapes.items():
+        ledger.enqueue(engine, worker, {})
+        run = ledger.claim_next(engine, runner, [worker], 60)
+        assert run is not None
+        if finish_age is not None:
+            ledger.finish(engine, run.run_id, runner, "SUCCESS")
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE archive_worker_runs SET started_at = now() - make_interval(secs => :s), "
+                              "finished_at = CASE WHEN finished_at IS NOT NULL "
+                              "THEN now() - make_interval(secs => :f) END WHERE run_id = :r"),
+                         {"s": start_age, "f": finish_age or 0, "r": run.run_id})
+    with engine.begin() as conn:  # one run that ends exactly on a 10-min (and so a 1-h) edge, 50 min long
+        edge = conn.execute(text("SELECT date_bin(interval '1 hour', now(), TIMESTAMPTZ '2000-01-01 00:00:00+00') "
+                                 "- interval '2 hours'")).scalar_one()
+    ledger.enqueue(engine, "several", {})
+    aligned = ledger.claim_next(engine, runner, ["several"], 60)
+    assert aligned is not None
+    ledger.finish(engine, aligned.run_id, runner, "FAILED")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archive_worker_runs SET started_at = :e - interval '50 minutes', finished_at = :e "
+                          "WHERE run_id = :r"), {"e": edge, "r": aligned.run_id})
+        spans = [(r.s, r.f) for r in conn.execute(text(
+            "SELECT date_part('epoch', started_at)::float8 AS s, date_part('epoch', finished_at)::float8 AS f "
+            "FROM archive_worker_runs WHERE runner_id = :r AND (finished_at IS NULL OR finished_at > started_at)"),
+            {"r": runner})]
+    assert len(spans) == len(shapes)  # the inverted one left out, the aligned one in
+
+    for window, step, n in (("24h", 600, 144), ("7d", 3600, 168)):
+        body = client.get(f"{C}/runners/{runner}", params={"window": window}, headers=viewer_headers).json()
+        since, until = (datetime.fromisoformat(body[k]).timestamp() for k in ("since", "until"))
+        assert body["step_seconds"] == step and len(body["buckets"]) == n
+        assert [b["t"] for b in body["buckets"]] == [since + k * step for k in range(n)]
+        expected = _expected_busy(spans, since, until, step)
+        got = [b["busy"] for b in body["buckets"]]
+        assert max(abs(g - e) for g, e in zip(got, expected, strict=True)) < 0.001, (window, got, expected)
+        assert got[-1] > 0  # the running runs count up to now, in the current bucket
+        assert min(got[:-1]) >= 1.0  # "forever" keeps one slot busy in every whole bucket
 
 
 def test_unknown_things_are_404_bad_windows_422_and_no_session_401(client, viewer_headers):

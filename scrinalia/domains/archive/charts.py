@@ -154,46 +154,58 @@ def worker_trend(engine: Engine | Connection, worker: str, window: Window) -> Tr
 
 # --- a runner's busy slots -----------------------------------------------------------------------
 
+# A run holds one slot from its start to its finish: it opens one at its start and gives it back at its
+# finish. So a bucket's busy seconds are (slots open at the bucket's start) * step, plus, for each start in
+# the bucket, the seconds from it to the bucket's end, minus the same for each finish in it. One pass over
+# the runs with two groupings (the starts by their bucket, the finishes by theirs: a few hundred groups),
+# then a running sum over the buckets: no series per run, no interval arithmetic per run. A run
+# begun before the window counts in the slots open at its start; times are seconds from ``since`` (float8,
+# small numbers: exact enough whatever the number of runs per bucket).
 _RUNNER_SLOTS = text(
     f"""
-    WITH w AS (SELECT {_SINCE} AS since),
+    WITH w AS (SELECT {_SINCE} AS since, date_part('epoch', {_SINCE}) AS since_s,
+                      date_part('epoch', CAST(:step AS interval)) AS step_s),
     spans AS (
         SELECT r.started_at AS s, r.finished_at AS f
           FROM archive_worker_runs AS r
          WHERE r.runner_id = :runner_id AND r.finished_at IS NOT NULL
-           AND r.finished_at >= {_SINCE} AND r.started_at IS NOT NULL
+           AND r.finished_at >= {_SINCE} AND r.finished_at > r.started_at
         UNION ALL
         SELECT r.started_at, now()
           FROM archive_worker_runs AS r
-         WHERE r.runner_id = :runner_id AND r.status = 'RUNNING' AND r.started_at IS NOT NULL
+         WHERE r.runner_id = :runner_id AND r.status = 'RUNNING' AND r.started_at < now()
     ),
-    parts AS (
-        -- each run's part in the bucket of its finish; a run that began in an earlier bucket also has
-        -- whole or partial earlier buckets (most runs are shorter than a bucket: no series for them)
-        SELECT date_bin(:step, sp.f, {_ORIGIN}) AS bf, GREATEST(sp.s, w.since) AS s, sp.f
-          FROM spans AS sp, w
-         WHERE sp.f > sp.s
+    edges AS (
+        SELECT date_bin(:step, sp.s, {_ORIGIN}) AS bs, date_bin(:step, sp.f, {_ORIGIN}) AS bf, count(*) AS n,
+               sum(date_part('epoch', sp.s) - w.since_s) AS s, sum(date_part('epoch', sp.f) - w.since_s) AS f
+          FROM spans AS sp CROSS JOIN w
+         GROUP BY GROUPING SETS ((1), (2))
+    ),
+    buckets AS (
+        -- each edge group as (bucket, slots opened, seconds held in its bucket), and every bucket of the
+        -- window with none, so that each has a row
+        SELECT bucket, sum(opened) AS opened, sum(held) AS held FROM (
+            SELECT e.bs, e.n, e.n * (date_part('epoch', e.bs) - w.since_s + w.step_s) - e.s
+              FROM edges AS e, w WHERE e.bs IS NOT NULL
+            UNION ALL
+            SELECT e.bf, -e.n, e.f - e.n * (date_part('epoch', e.bf) - w.since_s + w.step_s)
+              FROM edges AS e, w WHERE e.bf IS NOT NULL
+            UNION ALL
+            SELECT b, 0, 0 FROM w, generate_series(w.since, now(), :step) AS b
+        ) AS u(bucket, opened, held)
+         GROUP BY bucket
     ),
     busy AS (
-        SELECT bucket, sum(span) AS span FROM (
-            SELECT bf AS bucket, f - GREATEST(s, bf) AS span FROM parts
-            UNION ALL
-            SELECT g.bucket, LEAST(p.bf, g.bucket + :step) - GREATEST(p.s, g.bucket)
-              FROM parts AS p,
-                   LATERAL generate_series(date_bin(:step, p.s, {_ORIGIN}), p.bf - :step, :step) AS g(bucket)
-             WHERE p.s < p.bf
-        ) AS pieces
-         GROUP BY 1
+        SELECT bucket, held + w.step_s * COALESCE(sum(opened) OVER (ORDER BY bucket ROWS BETWEEN UNBOUNDED
+                                                                    PRECEDING AND 1 PRECEDING), 0) AS seconds
+          FROM buckets, w
     )
-    SELECT date_part('epoch', b.bucket)::float8 AS epoch,
-           COALESCE(date_part('epoch', busy.span), 0)::float8
-             / date_part('epoch', CAST(:step AS interval))::float8 AS busy,
+    SELECT date_part('epoch', busy.bucket)::float8 AS epoch, (busy.seconds / w.step_s)::float8 AS busy,
            (SELECT concurrency FROM archive_worker_runners WHERE runner_id = :runner_id) AS concurrency,
            w.since, now() AS until
-      FROM w
-     CROSS JOIN generate_series(w.since, now(), :step) AS b(bucket)
-      LEFT JOIN busy ON busy.bucket = b.bucket
-     ORDER BY b.bucket
+      FROM busy, w
+     WHERE busy.bucket >= w.since AND busy.bucket <= now()
+     ORDER BY busy.bucket
     """
 ).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)), bindparam("step", type_=Interval()),
              bindparam("span", type_=Interval()))
