@@ -27,7 +27,9 @@ HAS_DATA = "() => {{ const f = " + CHART + "; return Boolean(f && f.chart && f.c
 def _history(engine: Engine) -> None:
     """Finished runs of TREND_WORKER at known ages (hours) and outcomes, through the ledger's own steps."""
     runner = register_runner(engine, [TREND_WORKER], name=f"history-{uuid.uuid4().hex[:6]}")
-    ages = [0.2, 0.3, 1.5, 2.5, 2.6, 2.7, 12.0, 23.5, 30.0, 50.0, 160.0, 200.0]
+    # The 24 h window starts at the top of the hour 23 h before the current one: 22.5 h ago is always in it,
+    # 30 h ago never, whatever the minute the test runs at (23.5 h was in it only past half past).
+    ages = [0.2, 0.3, 1.5, 2.5, 2.6, 2.7, 12.0, 22.5, 30.0, 50.0, 160.0, 200.0]
     outcomes = ["SUCCESS", "FAILED", "SUCCESS", "SUCCESS", "INTERRUPTED", "SUCCESS", "CANCELLED", "SUCCESS",
                 "FAILED", "SUCCESS", "SUCCESS", "SUCCESS"]
     for i, (age, outcome) in enumerate(zip(ages, outcomes, strict=True)):
