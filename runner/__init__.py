@@ -23,9 +23,12 @@ Modules, one per concept:
 * ``wire``        the framing of the private sockets between those processes;
 * ``outcome``     how a child's exit becomes a terminal row (status, exit fields, error with a fingerprint);
 * ``control``     the unix control socket (``scrinalia-runner status``);
-* ``status``      the status snapshot and its rendering;
+* ``status``      the status snapshot and its rendering; ``watch``: ``status --watch``, the live view;
 * ``oneshot``     ``run_once`` and ``scrinalia-runner run``;
 * ``guard``       the import hook that keeps torch out of the supervisor;
 * ``database``    the supervisor's engine (bounded statements), the schema check, the registration;
+* ``ports``       the clock, the wait, signals and /proc, the control socket (interfaces and adapters);
+* ``timings``     every time quantity, derived in one place; ``drain``: the drain and the exit code;
+* ``simulation``  the deterministic simulator of the production supervisor (``python -m runner.simulation``);
 * ``sdnotify``, ``devices`` (NVML), ``procinfo`` (/proc, cgroup), ``options``, ``cli``.
 """

@@ -134,9 +134,12 @@ class Starts:
                 del self.waiting[run_id]
                 self.finisher.lost(wait.run, "its row was not renewed while its child waited for the launcher")
 
-    def begin(self, run: WorkerRun, claimed_at: float) -> Child | None:
+    def begin(self, run: WorkerRun, claimed_at: float, resolved: ResolvedConfig | None = None) -> Child | None:
+        """Resolve ``run`` (unless ``resolved``: the one-shot's validation did, a moment ago), write
+        ``record_start``, start its child."""
         try:
-            resolved = self._resolve(run)
+            if resolved is None:
+                resolved = self._resolve(run)
             held = self.db.call("record_start", self.db.ledger.record_start, run.run_id, self.runner_id,
                                 **_record_start_fields(resolved))
         except DatabaseDown:

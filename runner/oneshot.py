@@ -22,7 +22,8 @@ from runner.supervisor import Supervisor
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.workers.plugins import load_catalogue
-from scrinalia.domains.archive.workers.validation import validate_run_request
+from scrinalia.domains.archive.workers.sdk import ResolvedConfig
+from scrinalia.domains.archive.workers.validation import validated_run
 from scrinalia.settings import DatabaseUrl, Settings
 
 log = logging.getLogger("scrinalia.runner.oneshot")
@@ -61,9 +62,10 @@ def run_once(
     engine = parent_engine(url, options, settings)
     try:
         revision = check_schema(engine)
-        # The shared validation (the API's, the scheduler's): a refused request writes nothing.
+        # The shared validation (the API's, the scheduler's): a refused request writes nothing. Its
+        # resolution is the run's: the run starts now, so it is not resolved again (decision 0135).
         catalogue = load_catalogue()
-        clean = validate_run_request(catalogue, engine, worker_name, request)
+        validated = validated_run(catalogue, engine, worker_name, request)
         # A crashed earlier CLI run would hold the slot until its lease is expired: repair first.
         ledger.expire_leases(engine)
         sup = Supervisor(
@@ -73,15 +75,17 @@ def run_once(
             on_progress=(lambda child: on_progress(dict(child.progress or {}))) if on_progress else None,
             catalogue=catalogue,
         )
-        run = {"worker_name": worker_name, "request": clean, "lease_seconds": lease_seconds,
+        run = {"worker_name": worker_name, "request": validated.request, "lease_seconds": lease_seconds,
                "requested_by": requested_by or _user()}
-        return _run_in(sup, run, on_start)
+        return _run_in(sup, run, validated.resolved, on_start)
     finally:
         engine.dispose()
 
 
-def _run_in(sup: Supervisor, what: dict[str, Any], on_start: Callable[[WorkerRun], None] | None) -> WorkerRun:
-    """Create the RUNNING row under ``sup``'s runner id, run it through ``sup``'s loop, return its final row."""
+def _run_in(sup: Supervisor, what: dict[str, Any], resolved: ResolvedConfig,
+            on_start: Callable[[WorkerRun], None] | None) -> WorkerRun:
+    """Create the RUNNING row under ``sup``'s runner id, run it through ``sup``'s loop with its
+    resolution (``resolved``), return its final row."""
     port = sup.db.ledger
     sup.open()
     try:
@@ -91,7 +95,7 @@ def _run_in(sup: Supervisor, what: dict[str, Any], on_start: Callable[[WorkerRun
         )
         if on_start is not None:
             on_start(run)
-        sup.adopt(run)
+        sup.adopt(run, resolved)
         sup.serve()
         final = sup.finished.get(run.run_id)
         if final is None:

@@ -62,6 +62,7 @@ from runner.signals import SignalPipe
 from runner.tending import ChildMessages, Deadlines, Effects, Exits, Sampler
 from scrinalia.domains.archive import registry
 from scrinalia.domains.archive.ledger import WorkerRun
+from scrinalia.domains.archive.workers.sdk import ResolvedConfig
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -212,9 +213,10 @@ class Supervisor:
                 service.close()
         self.signals.restore()
 
-    def adopt(self, run: WorkerRun) -> Child | None:
-        """Start a child for a run this runner already holds (the one-shot CLI's own RUNNING row)."""
-        return self.starts.begin(run, self.clock.monotonic())
+    def adopt(self, run: WorkerRun, resolved: ResolvedConfig) -> Child | None:
+        """Start a child for a run this runner already holds (the one-shot CLI's own RUNNING row), with the
+        resolution its validation made a moment ago (decision 0135)."""
+        return self.starts.begin(run, self.clock.monotonic(), resolved)
 
     # --- the loop ------------------------------------------------------------------------------------
 

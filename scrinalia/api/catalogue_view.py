@@ -21,6 +21,7 @@ from scrinalia.domains.archive.workers import validation
 from scrinalia.domains.archive.workers.sdk import (
     DatabaseLayer,
     PersistedSettings,
+    ResolvedConfig,
     WorkerSpec,
     active_llm_check_rule,
 )
@@ -99,24 +100,32 @@ def effective_settings(spec: WorkerSpec, engine: Engine | None, layer: DatabaseL
     try:
         resolved = spec.resolve(engine, {}, layer=layer)
     except Exception as exc:  # e.g. no active LLM_CHECK rule: shown to the operator
-        field_error = validation.as_field_error(exc)
-        return {"error": {"field": getattr(field_error, "field", None),
-                          "message": field_error.message if field_error else type(exc).__name__}}
-    out = resolved.to_json()
-    return out
+        return _unresolved(exc)
+    return resolved.to_json()
 
 
-def settings_warnings(spec: WorkerSpec, engine: Engine) -> list[dict[str, str]]:
-    """A warning per model directory of the effective settings that no online runner of ``spec`` saw
-    on its host when it registered (decision 0145); none when the settings do not resolve (that is the
-    effective settings' own error) or no runner reports what it sees."""
+def _unresolved(exc: BaseException) -> dict[str, Any]:
+    field_error = validation.as_field_error(exc)
+    return {"error": {"field": getattr(field_error, "field", None),
+                      "message": field_error.message if field_error else type(exc).__name__}}
+
+
+def effective_settings_and_warnings(spec: WorkerSpec, engine: Engine) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """``effective_settings`` and ``settings_warnings`` of one resolution (the settings' answer resolves
+    them once)."""
+    try:
+        resolved = spec.resolve(engine, {})
+    except Exception as exc:  # shown to the operator; no warnings: the error is the answer
+        return _unresolved(exc), []
+    return resolved.to_json(), settings_warnings(spec, engine, resolved)
+
+
+def settings_warnings(spec: WorkerSpec, engine: Engine, resolved: ResolvedConfig) -> list[dict[str, str]]:
+    """A warning per model directory of the effective settings (``resolved``) that no online runner of
+    ``spec`` saw on its host when it registered (decision 0145); none when no runner reports what it sees."""
     from scrinalia.domains.archive import registry
     from scrinalia.domains.archive.model_dirs import unseen_warnings
 
-    try:
-        resolved = spec.resolve(engine, {})
-    except Exception:
-        return []
     if not any(o.type == "path" for o in spec.options.values()) and not any(
             o.type == "path" for e in spec.engines.values() for o in e.options.values()):
         return []

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,90 @@ def test_ner_is_refused_at_enqueue_with_what_to_set_and_where(api, engine):
                    json={"engine_options": {"model": "/srv/models/ner"}})
     assert r.status_code == 200, r.text
     assert client.post("/api/v1/system/workers/ner/runs", headers=headers, json={}).status_code == 201
+
+
+@pytest.fixture
+def validations(monkeypatch):
+    """Every shape check (``ledger.check_request_shape``) and every resolution (``WorkerSpec.resolve``) of
+    this process, each with the request it judged: the real functions, only counted."""
+    from scrinalia.domains.archive import ledger
+    from scrinalia.domains.archive.workers.sdk import WorkerSpec
+
+    seen: dict[str, list[dict]] = {"checked": [], "resolved": []}
+    check, resolve = ledger.check_request_shape, WorkerSpec.resolve
+
+    def counted_check(request):
+        seen["checked"].append(dict(request))
+        return check(request)
+
+    def counted_resolve(spec, engine, request, layer=None):
+        seen["resolved"].append(dict(request))
+        return resolve(spec, engine, request, layer=layer)
+
+    monkeypatch.setattr(ledger, "check_request_shape", counted_check)
+    monkeypatch.setattr(WorkerSpec, "resolve", counted_resolve)
+    return seen
+
+
+def _once(seen: dict[str, list[dict]], request: dict) -> None:
+    """The entry point checked ``request`` once and resolved it once (decision 0135)."""
+    assert seen["checked"].count(request) == 1, seen
+    assert seen["resolved"].count(request) == 1, seen
+    seen["checked"].clear()
+    seen["resolved"].clear()
+
+
+def test_each_entry_point_checks_and_resolves_its_request_once(api, engine, validations):
+    from scrinalia.domains.archive import ledger
+    from tests.ledger.helpers import register_runner
+
+    client, headers = api
+    request_ = {"options": {"threshold": 0.7}, "db_batch_size": 8}
+    # the API's enqueue: validated, then written by ledger.enqueue without a second check
+    r = client.post("/api/v1/system/workers/typology/runs", headers=headers, json=request_)
+    assert r.status_code == 201, r.text
+    _once(validations, request_)
+    # the API's retry of that run, once it failed
+    run_id = uuid.UUID(r.json()["run_id"])
+    runner_id = register_runner(engine, ["typology"])
+    assert ledger.claim_next(engine, runner_id, ["typology"], 60).run_id == run_id
+    ledger.finish(engine, run_id, runner_id, "FAILED", error="boom", exit_reason="exception")
+    r = client.post(f"/api/v1/system/runs/{run_id}/retry", headers=headers)
+    assert r.status_code == 201, r.text
+    _once(validations, request_)
+    ledger.request_cancel(engine, uuid.UUID(r.json()["run_id"]))  # the worker's slot, free for the schedule
+    # a schedule's creation, then the scheduler's tick that fires it
+    r = client.post("/api/v1/system/schedules", headers=headers,
+                    json={"worker_name": "typology", "interval_seconds": 3600, "request": request_,
+                          "first_delay_seconds": 0})
+    assert r.status_code == 201, r.text
+    _once(validations, request_)
+    scheduler = Scheduler(engine, CATALOGUE)
+    try:
+        (fired,) = scheduler.tick().fired
+    finally:
+        scheduler.release()
+    assert fired.outcome == "enqueued", fired
+    _once(validations, request_)
+    # the settings PUT: its values are checked and resolved once; then its answer's effective settings
+    # and their warnings, one resolution of an empty request over what was stored
+    settings = {"options": {"threshold": 0.3}, "db_batch_size": 16}
+    r = client.put("/api/v1/system/workers/typology/settings", headers=headers, json=settings)
+    assert r.status_code == 200, r.text
+    assert r.json()["effective"]["db_batch_size"] == 16
+    assert validations["checked"] == validations["resolved"] == [settings, {}], validations
+
+
+def test_the_one_shot_run_checks_and_resolves_its_request_once(database_url, engine, validations, monkeypatch):
+    """``run_once`` starts its run at once: the resolution of its validation is the run's, the supervisor
+    does not resolve it again (the claim of a daemon, which comes later, does: decision 0090)."""
+    from runner.oneshot import run_once
+    from tests.runner.conftest import PLUGINS
+
+    monkeypatch.setenv("SCRINALIA_WORKER_PLUGINS", PLUGINS)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    request_ = {"options": {"units": 2}}
+    row = run_once(database_url, "ok", request_, lease_seconds=5, heartbeat_seconds=1)
+    assert row.status == "SUCCESS", row.error
+    assert row.options == {"units": 2} and row.config["db_batch_size"] == 1  # record_start wrote that resolution
+    _once(validations, request_)

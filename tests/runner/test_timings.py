@@ -39,3 +39,22 @@ def test_the_derived_bounds_keep_their_relations(heartbeat, lease):
     assert t.connect_seconds <= t.statement_seconds and t.expiry_seconds < t.lease
     values = t.to_json()
     assert values["fence_margin"]["seconds"] == t.fence_margin and values["lease"]["seconds"] == lease
+
+
+def test_the_architecture_table_has_no_quantity_the_code_lacks():
+    names = [row.name for row in RunnerOptions(name="x").validate().timings.rows()]
+    assert list(_doc_rows()) == names  # the same quantities, in the order ``status`` shows them
+
+
+def test_the_architecture_names_every_runner_module():
+    """docs/architecture.md, "Where to look", names each module of runner/ and of runner/simulation/."""
+    text = DOC.read_text()
+    where = text[text.index("## Where to look"):]
+    runner = DOC.parents[1] / "runner"
+    for module in sorted(runner.glob("*.py")):
+        if module.name != "__init__.py":
+            assert f"`runner/{module.name}`" in where, f"runner/{module.name} is not in docs/architecture.md"
+    (simulation,) = [line for line in where.splitlines() if line.startswith("| `runner/simulation/` |")]
+    for module in sorted((runner / "simulation").glob("*.py")):
+        if module.name != "__init__.py":
+            assert f"`{module.stem}`" in simulation, f"runner/simulation/{module.name} is not in docs/architecture.md"

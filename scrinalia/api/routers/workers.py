@@ -55,11 +55,12 @@ def _request_dict(body: RunRequestIn) -> dict[str, Any]:
 def _settings_out(name: str, spec: WorkerSpec, engine, persisted: dict[str, Any] | None) -> dict[str, Any]:
     """``SettingsOut``: the persisted row and what a run would use now, secret-looking values masked,
     and the warnings of what is saved but may not run (``catalogue_view.settings_warnings``)."""
+    effective, warnings = catalogue_view.effective_settings_and_warnings(spec, engine)
     return {
         "worker": name,
         "persisted": views.redact(persisted) if persisted else None,
-        "effective": views.redact(catalogue_view.effective_settings(spec, engine)),
-        "warnings": catalogue_view.settings_warnings(spec, engine),
+        "effective": views.redact(effective),
+        "warnings": warnings,
     }
 
 

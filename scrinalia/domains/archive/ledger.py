@@ -134,14 +134,28 @@ def validate_worker_name(worker_name: Any) -> str:
     return worker_name
 
 
-def validate_request(request: Any) -> dict[str, Any]:
-    """The request's shape (the catalogue validates engines, presets and options against the worker)."""
+class ValidRequest(dict[str, Any]):
+    """A request whose shape ``validate_request`` passed. The steps after it in the same entry point (the
+    resolver, ``enqueue``, ``create_running``) take it as it is, so each entry point checks a request once
+    (decision 0135). What the database gives back is a plain dict: the claim checks it anew, its own entry."""
+
+
+def validate_request(request: Any) -> ValidRequest:
+    """The request's shape (the catalogue validates engines, presets and options against the worker);
+    a ``ValidRequest`` is returned as it is: this entry point has checked it already."""
+    if isinstance(request, ValidRequest):
+        return request
+    return check_request_shape(request)
+
+
+def check_request_shape(request: Any) -> ValidRequest:
+    """The one check of a request's shape, whoever asks (``validate_request``)."""
     if not isinstance(request, Mapping):
         raise InvalidRunRequest("request", f"must be an object, not {type(request).__name__}")
     unknown = sorted(set(request) - set(REQUEST_KEYS))
     if unknown:
         raise InvalidRunRequest(unknown[0], f"is not a request field (expected one of {', '.join(REQUEST_KEYS)})")
-    clean = dict(request)
+    clean = ValidRequest(request)
     for key in ("engine_name", "preset"):
         if clean.get(key) is not None and not (isinstance(clean[key], str) and clean[key].strip()):
             raise InvalidRunRequest(key, "must be a non-empty string or null")

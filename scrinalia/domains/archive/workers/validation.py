@@ -1,23 +1,25 @@
 """The one validation of a run request, shared by every entry point that writes one.
 
 The API (enqueue, schedules, retry), ``scrinalia-runner run``, ``scrinalia scheduler add`` and the
-scheduler's own tick call ``validate_run_request`` before anything is written, so they refuse the same
-requests with the same message: an unknown worker, option, engine or preset, an out-of-range value, a
-required option (a model directory) that no layer sets. It runs the catalogue's resolver (explicit >
-persisted settings > default), which is what the runner's child runs again at claim, so what is accepted
-here is what a runner can resolve. Nothing here imports torch: engines are described, never loaded.
+scheduler's own tick call ``validate_run_request`` once before anything is written (decision 0135), so
+they refuse the same requests with the same message: an unknown worker, option, engine or preset, an
+out-of-range value, a required option (a model directory) that no layer sets. It runs the catalogue's
+resolver (explicit > persisted settings > default), which is what the runner's supervisor runs again at
+claim, so what is accepted here is what a runner can resolve. Nothing here imports torch: engines are
+described, never loaded.
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
 
 from scrinalia.domains.archive.errors import InvalidRunRequest
-from scrinalia.domains.archive.ledger import validate_request
-from scrinalia.domains.archive.workers.sdk import OptionSpec, UnknownWorker, WorkerSpec
+from scrinalia.domains.archive.ledger import ValidRequest, validate_request
+from scrinalia.domains.archive.workers.sdk import OptionSpec, ResolvedConfig, UnknownWorker, WorkerSpec
 
 Catalogue = Mapping[str, WorkerSpec]
 
@@ -33,10 +35,10 @@ def as_field_error(exc: BaseException) -> InvalidRunRequest | None:
     return None
 
 
-def resolve_or_raise(spec: WorkerSpec, engine: Engine | None, clean: Mapping[str, Any]) -> None:
+def resolve_or_raise(spec: WorkerSpec, engine: Engine | None, clean: ValidRequest) -> ResolvedConfig:
     """Resolve ``clean`` as a runner would; a resolver error that names a field is ``InvalidRunRequest``."""
     try:
-        spec.resolve(engine, clean)
+        return spec.resolve(engine, clean)
     except Exception as exc:  # an error naming a field is the request's fault, else re-raised
         field_error = as_field_error(exc)
         if field_error is not None:
@@ -44,17 +46,33 @@ def resolve_or_raise(spec: WorkerSpec, engine: Engine | None, clean: Mapping[str
         raise
 
 
-def validate_run_request(catalogue: Catalogue, engine: Engine | None, worker_name: str,
-                         request: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The clean request for ``worker_name``, or ``InvalidRunRequest`` naming the offending field
+@dataclass(frozen=True, slots=True)
+class ValidatedRun:
+    """What the validation of one entry point found: the clean request, and its resolution now."""
+
+    request: ValidRequest
+    resolved: ResolvedConfig
+
+
+def validated_run(catalogue: Catalogue, engine: Engine | None, worker_name: str,
+                  request: Mapping[str, Any] | None) -> ValidatedRun:
+    """The one validation of a run request (decision 0135): its shape once (``ledger.validate_request``),
+    then the catalogue's resolver once; ``InvalidRunRequest`` naming the offending field
     (``UnknownWorker``'s field is ``worker_name``). ``engine``: the database whose persisted settings
     are layered under the request (None: the request alone)."""
     spec = catalogue.get(worker_name)
     if spec is None:
         raise UnknownWorker(worker_name, sorted(catalogue))
     clean = validate_request(request or {})
-    resolve_or_raise(spec, engine, clean)
-    return clean
+    return ValidatedRun(clean, resolve_or_raise(spec, engine, clean))
+
+
+def validate_run_request(catalogue: Catalogue, engine: Engine | None, worker_name: str,
+                         request: Mapping[str, Any] | None) -> ValidRequest:
+    """The clean request of ``validated_run``. Its resolution is a check only: a run that a runner claims
+    later is resolved again at claim, against the settings of that moment (decision 0090); only the
+    one-shot CLI, which starts its run at once, keeps it (``validated_run``)."""
+    return validated_run(catalogue, engine, worker_name, request).request
 
 
 def option_from_text(spec: WorkerSpec | None, section: str, key: str, text: str,
