@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -38,10 +39,24 @@ def find_bindir() -> Path:
     raise LocalClusterError("no PostgreSQL server binaries found (initdb, pg_ctl); install postgresql")
 
 
+#: Where ``free_port`` looks: below Linux's ephemeral range (``net.ipv4.ip_local_port_range``, 32768-60999
+#: by default), so no outgoing connection of another process is handed the port between our check and the
+#: server's bind, as a port the kernel picks from that range can be.
+LISTEN_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 that nothing listens on now, drawn at random from ``LISTEN_PORTS``."""
+    draw = random.SystemRandom()
+    for _ in range(200):
+        port = draw.choice(LISTEN_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise LocalClusterError(f"no free port in {LISTEN_PORTS.start}-{LISTEN_PORTS.stop - 1} on 127.0.0.1")
 
 
 @dataclass
