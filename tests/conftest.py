@@ -184,3 +184,23 @@ def engine(database_url: str) -> Iterator[Engine]:
     eng = create_engine_from_url(database_url, pool_size=5, max_overflow=20)
     yield eng
     eng.dispose()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One chromium for every browser test of this process (the panel's and the installed wheel's).
+
+    Playwright's sync API runs an event loop on the main thread while it is open, so a second
+    `sync_playwright()` in the same process fails; under pytest-xdist a worker runs files of several
+    folders in one process, so the browser is one session fixture here rather than one per folder.
+    """
+    from playwright.sync_api import sync_playwright
+
+    from tests.panel.helpers import CHROMIUM, CHROMIUM_ARGS
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

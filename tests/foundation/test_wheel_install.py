@@ -202,14 +202,8 @@ def test_the_installed_api_serves_the_panel(installed: Installed, database_url: 
 
 
 @pytest.mark.browser
-def test_the_installed_panel_runs_in_a_browser(installed: Installed, database_url: str) -> None:
+def test_the_installed_panel_runs_in_a_browser(installed: Installed, database_url: str, browser) -> None:
     """The modules execute: chromium shows the login form the panel's JavaScript draws."""
-    from playwright.sync_api import sync_playwright
-
-    from tests.panel.helpers import CHROMIUM, CHROMIUM_ARGS
-
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
     port = free_port()
     api = subprocess.Popen([installed.bin("scrinalia"), "api", "--host", "127.0.0.1", "--port", str(port)],
                            cwd=installed.workdir, env=installed.env(DATABASE_URL=database_url,
@@ -225,17 +219,15 @@ def test_the_installed_panel_runs_in_a_browser(installed: Installed, database_ur
                 pass
             assert api.poll() is None and time.monotonic() < deadline, "the installed API did not start"
             time.sleep(0.2)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page()
-                errors: list[str] = []
-                page.on("pageerror", lambda exc: errors.append(str(exc)))
-                page.goto(f"http://127.0.0.1:{port}/")
-                page.wait_for_selector("input[type=password]", timeout=15_000)
-                assert not errors, errors
-            finally:
-                browser.close()
+        page = browser.new_page()
+        try:
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_selector("input[type=password]", timeout=15_000)
+            assert not errors, errors
+        finally:
+            page.close()
     finally:
         api.send_signal(signal.SIGTERM)
         api.wait(timeout=30)

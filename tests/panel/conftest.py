@@ -23,7 +23,7 @@ from sqlalchemy import Engine, text
 from scrinalia.cli.dev import wait_http
 from scrinalia.db.local_cluster import free_port
 from tests.conftest import _fresh_database
-from tests.panel.helpers import ADMIN, ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, PLUGINS, REPO, VIEWER, shot, watch_csp
+from tests.panel.helpers import ADMIN, ARTIFACTS, PLUGINS, REPO, VIEWER, shot, watch_csp
 
 
 def _env(database_url: str, **extra: str) -> dict[str, str]:
@@ -175,18 +175,6 @@ def runner_control(panel_database_url: str) -> Iterator[RunnerControl]:
     yield control
     control.stop()
     control.remove_socket_dir()
-
-
-@pytest.fixture(scope="session")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture
