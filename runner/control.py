@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner.timings import CONTROL_CLIENT_MIN
+
 log = logging.getLogger("scrinalia.runner.control")
 
 CLIENT_TIMEOUT = 0.5   # seconds one client may take, its whole request and answer
@@ -120,7 +122,7 @@ class ControlServer:
                    until: float | None = None) -> None:
         def limit() -> float:
             at = time.monotonic() + CLIENT_TIMEOUT
-            return at if until is None else max(min(at, until), time.monotonic() + 0.05)
+            return at if until is None else max(min(at, until), time.monotonic() + CONTROL_CLIENT_MIN)
 
         deadline = limit()
 

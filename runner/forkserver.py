@@ -37,6 +37,7 @@ from typing import Any
 
 from runner import procinfo
 from runner.launchers import ChildExit, LauncherNotReady
+from runner.timings import SPAWN_WAIT_DEFAULT
 
 log = logging.getLogger("scrinalia.runner.forkserver")
 
@@ -318,7 +319,7 @@ class ForkServerLauncher:
             raise ForkServerNotAnswering("the fork server has not answered an earlier spawn request (stalled)")
         self._token += 1
         token = self._token
-        wait = 30.0 if timeout is None else max(0.0, timeout)
+        wait = SPAWN_WAIT_DEFAULT if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
         try:
             # Non-blocking: a stopped server's full socket buffer must not hold the loop either.

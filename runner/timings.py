@@ -28,6 +28,8 @@ CONNECT_MAX = 2.0            # a new connection (DNS, TCP, TLS, auth) takes at m
 SPAWN_ANSWER_SECONDS = 5.0   # the longest the loop waits for the fork server to answer a spawn
 SPAWN_ANSWER_FLOOR = 0.5     # ... and at least this much where the fence margin allows (a fork on a loaded host)
 SPAWN_WAIT_MIN = 0.02        # the least a spawn is given even right at the fence point
+SPAWN_WAIT_DEFAULT = 30.0    # a spawn asked with no bound (the one-shot's, which has no fence point to meet)
+CONTROL_CLIENT_MIN = 0.05    # a control-socket client always gets this much, even at the fence point
 HEARTBEAT_RETRY_MAX = 1.0    # a failed heartbeat is retried after min(this, --heartbeat)
 FENCE_LOCK_TIMEOUT = 2.0     # migration 0008: the batch fence's lock wait at COMMIT (SET lock_timeout = '2s')
 

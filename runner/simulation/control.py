@@ -9,8 +9,7 @@ from typing import Any
 
 from runner.control import CLIENT_TIMEOUT, SERVE_BUDGET
 from runner.simulation.world import World
-
-MIN_CLIENT_SECONDS = 0.05  # ControlServer._serve_one: a client always gets this much, even at the fence point
+from runner.timings import CONTROL_CLIENT_MIN
 
 
 @dataclass
@@ -41,7 +40,7 @@ class SimControl:
         while world.now < budget_end and self.waiting:
             client = self.waiting.pop(0)
             at = world.now + CLIENT_TIMEOUT
-            limit = at if until is None else max(min(at, until), world.now + MIN_CLIENT_SECONDS)
+            limit = at if until is None else max(min(at, until), world.now + CONTROL_CLIENT_MIN)
             if client.request is None:
                 world.sleep(limit - world.now)  # it takes its whole budget, then it is dropped
                 continue
