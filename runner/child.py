@@ -33,12 +33,12 @@ from typing import Any, NoReturn
 
 from runner import procinfo, wire
 from runner.outcome import fit_error, format_error
+from runner.timings import CHILD_PROGRESS_INTERVAL
 from scrinalia.domains.archive.run_ids import short_id
 
 PR_SET_PDEATHSIG = 1
 EXIT_ORPHANED = 76   # the parent was already gone at start, or went away
 EXIT_INTERNAL = 70   # the child's own machinery failed
-PROGRESS_INTERVAL = 0.1
 CHILD_OOM_SCORE_ADJ = 500
 
 
@@ -128,7 +128,7 @@ class ParentLink:
         self.progress = dict(progress)
         now = time.monotonic()
         done, total = self.progress.get("done"), self.progress.get("total")
-        if now - self._last_sent >= PROGRESS_INTERVAL or (total is not None and done == total):
+        if now - self._last_sent >= CHILD_PROGRESS_INTERVAL or (total is not None and done == total):
             self._last_sent = now
             self.send("progress", self.progress)
             self.retitle()

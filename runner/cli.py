@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
@@ -28,18 +28,13 @@ def setup_logging(level: str) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
-def _fail(code: int, message: str) -> NoReturn:
-    click.echo(f"scrinalia-runner: {message}", err=True)
-    sys.exit(code)
-
-
 def _settings():
     from scrinalia.settings import SettingsError, load_settings
 
     try:
         return load_settings()
     except SettingsError as exc:
-        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+        opts.exit_with(opts.EXIT_USAGE, f"configuration error: {exc}")
 
 
 def _parent_settings():
@@ -50,12 +45,12 @@ def _parent_settings():
     try:
         forbid_heavy_imports()
     except HeavyImportForbidden as exc:
-        _fail(1, str(exc))
+        opts.exit_with(1, str(exc))
     settings = _settings()
     try:
         return settings, settings.runner_url()
     except Exception as exc:
-        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+        opts.exit_with(opts.EXIT_USAGE, f"configuration error: {exc}")
 
 
 @click.group()
@@ -213,7 +208,7 @@ def _status_engine() -> Any:
         return runner_engine(settings, application_name="scrinalia-runner-status", connect_args={
             "connect_timeout": 5, "options": "-c statement_timeout=10000 -c lock_timeout=5000"})
     except Exception as exc:
-        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+        opts.exit_with(opts.EXIT_USAGE, f"configuration error: {exc}")
 
 
 def _registry_rows() -> list[Any]:
@@ -224,7 +219,7 @@ def _registry_rows() -> list[Any]:
     try:
         return registry.list_runners(engine)
     except database_errors() as exc:  # one line, never a traceback (exit 5)
-        _fail(opts.EXIT_DATABASE, database_problem(exc))
+        opts.exit_with(opts.EXIT_DATABASE, database_problem(exc))
     finally:
         engine.dispose()
 
@@ -246,10 +241,10 @@ def _local_answers(socket_path: Path | None, name: str | None) -> list[dict[str,
             answers.append(control.query(path, {"command": "status"}))
         except (OSError, ValueError) as exc:
             if socket_path is not None or name is not None:
-                _fail(1, f"no runner answers on {path} ({exc.__class__.__name__})")
+                opts.exit_with(1, f"no runner answers on {path} ({exc.__class__.__name__})")
             looked.append(f"{path}: does not answer ({exc.__class__.__name__})")
     if not answers:
-        _fail(1, "no runner answers; looked in " + "; ".join(looked)
+        opts.exit_with(1, "no runner answers; looked in " + "; ".join(looked)
               + " (use --socket PATH, or --all for the registry)")
     return answers
 
@@ -348,7 +343,7 @@ def _run_request(worker: str, engine_name: str | None, preset: str | None, db_ba
                                            f"{key.removeprefix('engine_options.')}=VALUE")
                 values[key] = option_from_text(spec, section, key, text, chosen)
             except InvalidRunRequest as exc:
-                _fail(opts.EXIT_USAGE, str(exc))
+                opts.exit_with(opts.EXIT_USAGE, str(exc))
             except ValueError as exc:
                 raise click.UsageError(str(exc)) from None
         request[section] = values
@@ -373,17 +368,17 @@ def _run_once(url: Any, settings: Any, worker: str, request: dict[str, Any], **k
         return run_once(url, worker, request, settings=settings, on_progress=bar.update, on_start=started,
                         handle_signals=True, **kwargs)
     except InvalidRunRequest as exc:  # UnknownWorker, UnknownOption, ... are InvalidRunRequest too
-        _fail(opts.EXIT_USAGE, str(exc))
+        opts.exit_with(opts.EXIT_USAGE, str(exc))
     except WorkerRunAlreadyActive as exc:
-        _fail(opts.EXIT_SLOT_BUSY, str(exc))
+        opts.exit_with(opts.EXIT_SLOT_BUSY, str(exc))
     except SchemaMismatch as exc:  # behind: exit 4; ahead of this runner: exit 7
-        _fail(exc.exit_code, str(exc))
+        opts.exit_with(exc.exit_code, str(exc))
     except OptionsError as exc:
-        _fail(opts.EXIT_USAGE, str(exc))
+        opts.exit_with(opts.EXIT_USAGE, str(exc))
     except SQLAlchemyError as exc:
-        _fail(opts.EXIT_DATABASE, database_problem(exc))
+        opts.exit_with(opts.EXIT_DATABASE, database_problem(exc))
     except KeyboardInterrupt:
-        _fail(opts.EXIT_CANCELLED, "interrupted before the run started")
+        opts.exit_with(opts.EXIT_CANCELLED, "interrupted before the run started")
     finally:
         bar.close()
 

@@ -47,13 +47,12 @@ def daemon_options_from(*, name, capabilities, concurrency, devices, per_device,
 
 def daemon_catalogue(options: RunnerOptions) -> tuple[Any, list[str]]:
     """The catalogue (the supervisor resolves with it) and the workers this daemon claims."""
-    from runner.cli import _fail
     from scrinalia.domains.archive.workers.plugins import PluginError, load_catalogue
 
     try:
         catalogue = load_catalogue()
     except (PluginError, ImportError) as exc:
-        _fail(1, f"the worker catalogue cannot be loaded: {exc}")
+        opts.exit_with(1, f"the worker catalogue cannot be loaded: {exc}")
     if options.capabilities is None:
         capabilities = sorted(catalogue)
     else:
@@ -65,7 +64,7 @@ def daemon_catalogue(options: RunnerOptions) -> tuple[Any, list[str]]:
             )
         capabilities = list(options.capabilities)
     if not capabilities:
-        _fail(opts.EXIT_USAGE, "no worker to claim: the catalogue is empty and --capabilities is not set")
+        opts.exit_with(opts.EXIT_USAGE, "no worker to claim: the catalogue is empty and --capabilities is not set")
     return catalogue, capabilities
 
 

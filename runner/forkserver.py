@@ -37,12 +37,11 @@ from typing import Any
 
 from runner import procinfo
 from runner.launchers import ChildExit, LauncherNotReady
-from runner.timings import SPAWN_WAIT_DEFAULT
+from runner.timings import FORK_SERVER_READY_TIMEOUT, SPAWN_WAIT_DEFAULT
 
 log = logging.getLogger("scrinalia.runner.forkserver")
 
 MAX_PACKET = 1 << 16
-READY_TIMEOUT = 120.0  # seconds a fork server may take to preload before it counts as failed
 
 
 class ForkServerError(RuntimeError):
@@ -202,7 +201,7 @@ class ForkServerLauncher:
     child_preload: tuple[str, ...] = ()  # the fork server preloaded already
 
     def __init__(self, preload: tuple[str, ...], *, title: str = "scrinalia-runner: fork server",
-                 env: dict[str, str] | None = None, ready_timeout: float = READY_TIMEOUT) -> None:
+                 env: dict[str, str] | None = None, ready_timeout: float = FORK_SERVER_READY_TIMEOUT) -> None:
         self.preload = preload
         self.title = title
         self.env = env

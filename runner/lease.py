@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any
 from runner.drain import Drain
 from runner.finisher import Finisher
 from runner.ledger_link import DatabaseDown, LedgerLink
-from runner.loop_state import PROGRESS_INTERVAL
 from runner.ports import Clock
 from runner.run_state import Phase
 from runner.tending import Children, Effects, Sampler
-from runner.timings import Timings
+from runner.timings import PROGRESS_INTERVAL, Timings
 
 if TYPE_CHECKING:
     from runner.claims import Poll, Starts

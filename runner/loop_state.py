@@ -14,9 +14,6 @@ if TYPE_CHECKING:
     from runner.children import Child
     from runner.devices import DevicePlanner
 
-MAX_SELECT_WAIT = 1.0
-PROGRESS_INTERVAL = 0.5  # seconds between two progress statements: the panel sees progress within ~1 s
-NO_PIDFD_POLL = 0.1      # the loop's longest wait while children live and the kernel has no pidfd
 
 
 class Phase(Protocol):

@@ -2,19 +2,12 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
-from runner.timings import (  # noqa: F401 - the constants' old home
-    CONNECT_MAX,
-    MIN_FENCE_MARGIN,
-    MIN_STATEMENT_SECONDS,
-    SERVER_SHARE,
-    SPAWN_ANSWER_SECONDS,
-    STATEMENT_FLOOR,
-    STATEMENT_MAX,
-    Timings,
-)
+from runner.timings import MIN_FENCE_MARGIN, MIN_STATEMENT_SECONDS, Timings
 
 # Exit codes of `scrinalia-runner daemon` and `scrinalia-runner run` (docs/operations.md, "Runner").
 EXIT_OK = 0
@@ -26,6 +19,13 @@ EXIT_DATABASE = 5          # the database did not answer at start
 EXIT_ALREADY_RUNNING = 6   # daemon: a live supervisor already answers on this control socket
 EXIT_SCHEMA_AHEAD = 7      # the database's alembic_version is a revision this runner does not know: upgrade it
 EXIT_CANCELLED = 130       # run: the run ended CANCELLED (or was interrupted by a second Ctrl-C)
+
+
+def exit_with(code: int, message: str) -> NoReturn:
+    """End a command with one of the codes above and one line on stderr saying why (what systemd's journal
+    and an operator's terminal show)."""
+    print(f"scrinalia-runner: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
 
 DEFAULT_PRELOAD = ("torch", "transformers")
 DEFAULT_STALL_TIMEOUT = 600.0  # a child silent (no message, no CPU) this long is stalled: fits a slow GPU batch

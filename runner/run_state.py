@@ -27,8 +27,7 @@ from typing import Any
 
 from runner import outcome
 from runner.launchers import ChildExit
-
-EOF_GRACE = 2.0  # seconds the finisher waits for a child's channel to close after its exit was reported
+from runner.timings import EOF_GRACE
 
 
 class Phase(StrEnum):

@@ -54,12 +54,13 @@ from runner.launchers import Launcher, signal_name
 from runner.lease import Heartbeat, Lease, Notifications, ProgressWriter
 from runner.ledger_link import DatabaseDown, LedgerLink, brief
 from runner.ledger_port import LedgerPort
-from runner.loop_state import MAX_SELECT_WAIT, NO_PIDFD_POLL, ChildSetup, Phase, Services, Uptime
+from runner.loop_state import ChildSetup, Phase, Services, Uptime
 from runner.options import RunnerOptions
 from runner.outcome import OPERATOR_INTERRUPT
 from runner.ports import Clock, ControlPort, Processes, SelectWaiter, SystemClock, SystemProcesses, Waiter
 from runner.signals import SignalPipe
 from runner.tending import ChildMessages, Deadlines, Effects, Exits, Sampler
+from runner.timings import MAX_SELECT_WAIT, NO_PIDFD_POLL
 from scrinalia.domains.archive import registry
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.workers.sdk import ResolvedConfig
@@ -67,7 +68,7 @@ from scrinalia.domains.archive.workers.sdk import ResolvedConfig
 log = logging.getLogger("scrinalia.runner")
 
 _brief = brief  # the CLI's name for it
-__all__ = ["Child", "ConfigurationError", "DatabaseDown", "MAX_SELECT_WAIT", "Supervisor", "_brief"]
+__all__ = ["Child", "ConfigurationError", "DatabaseDown", "Supervisor", "_brief"]
 
 
 class Supervisor:

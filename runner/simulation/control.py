@@ -1,15 +1,14 @@
 """The control socket port of a simulated host: clients that ask for ``status`` or a drain, and clients
-that never finish their request (``runner.control.ControlServer``'s bounds: ``CLIENT_TIMEOUT`` per
-client, ``SERVE_BUDGET`` per call, never past the caller's fence point, at least 50 ms a client)."""
+that never finish their request (``runner.control.ControlServer``'s bounds: ``CONTROL_CLIENT_TIMEOUT`` per
+client, ``CONTROL_SERVE_BUDGET`` per call, never past the caller's fence point, at least 50 ms a client)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runner.control import CLIENT_TIMEOUT, SERVE_BUDGET
 from runner.simulation.world import World
-from runner.timings import CONTROL_CLIENT_MIN
+from runner.timings import CONTROL_CLIENT_MIN, CONTROL_CLIENT_TIMEOUT, CONTROL_SERVE_BUDGET
 
 
 @dataclass
@@ -34,12 +33,12 @@ class SimControl:
 
     def serve_pending(self, handler: Callable[[dict[str, Any]], dict[str, Any]], until: float | None = None) -> None:
         world = self.world
-        budget_end = world.now + SERVE_BUDGET
+        budget_end = world.now + CONTROL_SERVE_BUDGET
         if until is not None:
             budget_end = min(budget_end, until)
         while world.now < budget_end and self.waiting:
             client = self.waiting.pop(0)
-            at = world.now + CLIENT_TIMEOUT
+            at = world.now + CONTROL_CLIENT_TIMEOUT
             limit = at if until is None else max(min(at, until), world.now + CONTROL_CLIENT_MIN)
             if client.request is None:
                 world.sleep(limit - world.now)  # it takes its whole budget, then it is dropped

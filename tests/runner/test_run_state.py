@@ -8,7 +8,8 @@ from pathlib import Path
 
 from runner import outcome
 from runner.launchers import ChildExit
-from runner.run_state import EOF_GRACE, Action, Phase, RunState, Timing
+from runner.run_state import Action, Phase, RunState, Timing
+from runner.timings import EOF_GRACE
 from scrinalia.db.tables import EXIT_REASONS, SQL_DECIDED_EXIT_REASONS, ExitReason
 from scrinalia.domains.archive import ledger
 

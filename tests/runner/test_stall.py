@@ -43,7 +43,8 @@ def test_a_child_in_one_long_c_call_or_busy_in_silence_is_alive(start_runner, en
 
 
 def test_the_stall_rule():
-    from runner.stall import Action, StallWatch, probe_seconds, stack_in
+    from runner.stall import Action, StallWatch, stack_in
+    from runner.timings import stall_probe_seconds as probe_seconds
 
     watch = StallWatch(timeout=8, last_sign=0.0)
     assert watch.due_at() == 8
