@@ -22,7 +22,7 @@ from runner.drain import Drain
 from runner.finisher import Finisher
 from runner.ledger_link import DatabaseDown, LedgerLink
 from runner.ports import Clock
-from runner.run_state import Phase
+from runner.run_state import RunPhase
 from runner.tending import Children, Effects, Sampler
 from runner.timings import PROGRESS_INTERVAL, Timings
 
@@ -148,7 +148,7 @@ class Heartbeat:
 
     def _payload(self, now: float) -> tuple[dict[uuid.UUID, Any], list[dict[str, Any]]]:
         """The progress of every child whose row is still ours, and the registry's snapshot of them."""
-        live = [c for c in self.children.values() if c.state.phase is not Phase.LOST]
+        live = [c for c in self.children.values() if c.state.phase is not RunPhase.LOST]
         return {c.run.run_id: c.progress for c in live if c.progress}, [c.snapshot(now) for c in live]
 
     def _apply_held(self, held: Mapping[uuid.UUID, Any]) -> None:

@@ -30,7 +30,7 @@ from runner.timings import STALL_DUMP_GRACE, stall_probe_seconds
 CPU_ALIVE_SECONDS = 0.05  # CPU seconds that count as work within one probe window
 
 
-class Action(Enum):
+class StallStep(Enum):
     WAIT = "wait"            # nothing to do now (the next ``due_at`` moved forward)
     DUMP_STACK = "dump"      # send SIGUSR1: the child writes its threads' stacks to stderr
     TERMINATE = "terminate"  # send SIGTERM (then SIGKILL after the kill grace): FAILED stalled
@@ -64,25 +64,25 @@ class StallWatch:
             return self.cpu_since + stall_probe_seconds(self.timeout)
         return self.last_sign + self.timeout
 
-    def check(self, now: float, cpu_seconds: float | None) -> Action:
+    def check(self, now: float, cpu_seconds: float | None) -> StallStep:
         """Decide at ``due_at``: probe the CPU, dump the stack, or stop the child."""
         if self.dumped_at is not None:
-            return Action.TERMINATE
+            return StallStep.TERMINATE
         if self.cpu_since is None:
             if cpu_seconds is None:  # /proc unreadable (the child is exiting): no CPU evidence
                 return self._dump(now)
             self.cpu_at, self.cpu_since = cpu_seconds, now
-            return Action.WAIT
+            return StallStep.WAIT
         if cpu_seconds is not None and self.cpu_at is not None and cpu_seconds - self.cpu_at >= CPU_ALIVE_SECONDS:
             # Working in silence (one long C call): alive; the timeout starts again from here.
             self.last_sign = now
             self.cpu_at = self.cpu_since = None
-            return Action.WAIT
+            return StallStep.WAIT
         return self._dump(now)
 
-    def _dump(self, now: float) -> Action:
+    def _dump(self, now: float) -> StallStep:
         self.dumped_at = now
-        return Action.DUMP_STACK
+        return StallStep.DUMP_STACK
 
     @property
     def silent_seconds_at_dump(self) -> float | None:

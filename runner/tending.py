@@ -24,8 +24,7 @@ from runner.finisher import Finisher
 from runner.launchers import Launcher
 from runner.ports import Clock, Processes
 from runner.run_state import Action, Due, Effect, Timing
-from runner.stall import Action as StallAction
-from runner.stall import StallWatch
+from runner.stall import StallStep, StallWatch
 from runner.timings import Timings
 
 log = logging.getLogger("scrinalia.runner")
@@ -237,12 +236,12 @@ class Deadlines:
         """The child's stall deadline fell due: probe its CPU time, dump its stack, or stop it."""
         assert child.stall is not None
         action = child.stall.check(self.clock.monotonic(), self.processes.cpu_seconds(child.pid))
-        if action is StallAction.DUMP_STACK:
+        if action is StallStep.DUMP_STACK:
             log.error("run %s (%s): child %d sent nothing and used no CPU for %.0fs (stall timeout %gs); "
                       "dumping its stack, then stopping it", child.short_id, child.run.worker_name, child.pid,
                       child.stall.silent_seconds_at_dump or 0, child.stall.timeout)
             self.processes.signal_one(child.pid, signal.SIGUSR1)  # the child only: not what it started
-        elif action is StallAction.TERMINATE:
+        elif action is StallStep.TERMINATE:
             self.effects.signal(child, signal.SIGTERM, outcome.STALLED)
 
     def _act(self, child: Child, due: Due) -> Callable[[], None]:
