@@ -20,11 +20,11 @@ log = logging.getLogger("scrinalia.runner")
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
-        stream=sys.stderr,
-    )
+    """Plain lines on stderr; under systemd the journal, with priorities and the run's fields
+    (scrinalia.journal)."""
+    from scrinalia.journal import setup_logging as setup
+
+    setup(level, "scrinalia-runner")
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 

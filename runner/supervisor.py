@@ -64,6 +64,7 @@ from runner.timings import MAX_SELECT_WAIT, NO_PIDFD_POLL
 from scrinalia.domains.archive import registry
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.workers.sdk import ResolvedConfig
+from scrinalia.journal import set_process_fields
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -172,6 +173,7 @@ class Supervisor:
             self.signals.install()
         self.db.send("register", self.db.ledger.register, self.registration)
         self._registered = True
+        set_process_fields(runner_id=self.runner_id)
         log.info(
             "runner %s (%s) registered: kind %s, capabilities %s, concurrency %d, heartbeat %gs, lease %gs",
             self.runner_id, self.registration.name, self.registration.kind, ",".join(self.capabilities) or "-",

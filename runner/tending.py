@@ -26,6 +26,7 @@ from runner.ports import Clock, Processes
 from runner.run_state import Action, Due, Effect, Timing
 from runner.stall import StallStep, StallWatch
 from runner.timings import Timings
+from scrinalia.journal import run_fields
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -69,7 +70,7 @@ class Effects:
         effects = child.state.request_cancel(self.clock.monotonic())
         if effects:
             log.info("run %s (%s): %s; the worker stops at its next batch boundary (grace %gs)",
-                     child.short_id, child.run.worker_name, why, self.timings.cancel_grace)
+                     child.short_id, child.run.worker_name, why, self.timings.cancel_grace, extra=run_fields(child.run))
         self.apply(child, effects)
 
     def signal(self, child: Child, sig: int, reason: str | None = None) -> None:
@@ -93,7 +94,7 @@ def pump(child: Child, effects: Effects, on_message: OnMessage | None = None) ->
         messages = child.read()
     except Exception as exc:  # not our framing: the child is not speaking the protocol any more
         log.error("run %s: unreadable message from child %d (%s); killing it", child.short_id, child.pid,
-                  type(exc).__name__)
+                  type(exc).__name__, extra=run_fields(child.run))
         child.reader.eof = True
         messages = []
         effects.apply(child, child.state.stop(signal.SIGKILL, None, now))
@@ -137,7 +138,7 @@ class ChildMessages:
             child.stall = StallWatch(self.timings.stall_timeout if own is None else float(own), now)
             latency = (float(payload["t"]) - child.claimed_at) * 1000
             log.info("run %s: worker %s running in child %d (%.0f ms after the claim)",
-                     child.short_id, child.run.worker_name, child.pid, latency)
+                     child.short_id, child.run.worker_name, child.pid, latency, extra=run_fields(child.run))
         elif kind == "progress":
             child.progress = payload
             if self.on_progress is not None:
@@ -239,7 +240,7 @@ class Deadlines:
         if action is StallStep.DUMP_STACK:
             log.error("run %s (%s): child %d sent nothing and used no CPU for %.0fs (stall timeout %gs); "
                       "dumping its stack, then stopping it", child.short_id, child.run.worker_name, child.pid,
-                      child.stall.silent_seconds_at_dump or 0, child.stall.timeout)
+                      child.stall.silent_seconds_at_dump or 0, child.stall.timeout, extra=run_fields(child.run))
             self.processes.signal_one(child.pid, signal.SIGUSR1)  # the child only: not what it started
         elif action is StallStep.TERMINATE:
             self.effects.signal(child, signal.SIGTERM, outcome.STALLED)

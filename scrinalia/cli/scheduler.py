@@ -44,9 +44,10 @@ def run(interval: float) -> None:
 
     Refuses to start on a schema that is not its bundled head: exit 4 when it is behind (migrate first),
     7 when a newer release migrated it (upgrade this scheduler)."""
+    from scrinalia.journal import setup_logging
     from scrinalia.scheduler.service import Scheduler
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(logging.INFO, "scrinalia-scheduler", plain_format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = _engine()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
