@@ -185,6 +185,11 @@ def _metrics(started: float | None, done: int) -> dict[str, Any]:
         elapsed = time.monotonic() - started
         metrics["worker_seconds"] = round(elapsed, 3)
         metrics["units_per_second"] = round(done / elapsed, 3) if elapsed > 0 and done else None
+    warm = sys.modules.get("scrinalia.domains.archive.workers.engines.warm")
+    if warm is not None and warm.LOADS:
+        # Each model the engine loaded, warm (inherited from the fork server) or cold (from disk); the
+        # supervisor asks the fork server to warm a cold one and keeps only warm/seconds in the row.
+        metrics["model_loads"] = list(warm.LOADS)
     torch = sys.modules.get("torch")
     try:
         if torch is not None and torch.cuda.is_initialized():

@@ -105,6 +105,12 @@ def daemon_options(func):
                           "(WorkerSpec.stall_timeout). 0: never."),
         click.option("--preload", default=",".join(opts.DEFAULT_PRELOAD), show_default=True,
                      help="Modules the fork server imports once ('none' for nothing); skipped when not installed."),
+        click.option("--warm-models", default="auto", show_default=True,
+                     help="Models the fork server loads once on the CPU for its children (copy-on-write): "
+                          "auto (the bundled model when a worker that uses it is served and transformers is "
+                          "preloaded), none, or DIR[:DTYPE],... (decision 0340)."),
+        click.option("--warm-limit-mb", type=int, default=opts.DEFAULT_WARM_LIMIT_MB, show_default=True,
+                     help="MiB of warm models the fork server may hold (the oldest is dropped first); 0: none."),
         click.option("--start-method", type=click.Choice(opts.START_METHODS), default="forkserver", show_default=True,
                      help="forkserver (children ready in milliseconds) or spawn (a fresh interpreter per child)."),
         click.option("--socket", "socket_path", type=click.Path(path_type=Path), default=None,
@@ -125,7 +131,8 @@ def daemon_command(**flags: Any) -> None:
 
 def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbeat, lease, poll, drain_timeout,
                max_runtime, cancel_grace, kill_grace, preload, start_method, socket_path, log_level,
-               listen=None, listen_poll=10.0, stall_timeout=opts.DEFAULT_STALL_TIMEOUT) -> int:
+               listen=None, listen_poll=10.0, stall_timeout=opts.DEFAULT_STALL_TIMEOUT, warm_models="auto",
+               warm_limit_mb=opts.DEFAULT_WARM_LIMIT_MB) -> int:
     setup_logging(log_level)
     from runner.daemon import daemon_catalogue, daemon_control, daemon_engine, daemon_options_from, serve_daemon
 
@@ -134,6 +141,7 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
         heartbeat=heartbeat, lease=lease, poll=poll, drain_timeout=drain_timeout, max_runtime=max_runtime,
         cancel_grace=cancel_grace, kill_grace=kill_grace, preload=preload, start_method=start_method,
         socket_path=socket_path, listen=listen, listen_poll=listen_poll, stall_timeout=stall_timeout,
+        warm_models=warm_models, warm_limit_mb=warm_limit_mb,
     )
     settings, url = _parent_settings()
     catalogue, capabilities = daemon_catalogue(options)

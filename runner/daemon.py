@@ -17,7 +17,8 @@ log = logging.getLogger("scrinalia.runner")
 def daemon_options_from(*, name, capabilities, concurrency, devices, per_device, heartbeat, lease, poll,
                            drain_timeout, max_runtime, cancel_grace, kill_grace, preload, start_method,
                            socket_path, listen, listen_poll,
-                           stall_timeout=opts.DEFAULT_STALL_TIMEOUT) -> RunnerOptions:
+                           stall_timeout=opts.DEFAULT_STALL_TIMEOUT, warm_models="auto",
+                           warm_limit_mb=opts.DEFAULT_WARM_LIMIT_MB) -> RunnerOptions:
     from runner.wakeup import listen_default
 
     try:
@@ -40,6 +41,8 @@ def daemon_options_from(*, name, capabilities, concurrency, devices, per_device,
             preload=opts.parse_list(preload),
             start_method=start_method,
             socket_path=socket_path or opts.default_socket_path(name),
+            warm_models=warm_models,
+            warm_limit_mb=warm_limit_mb,
         ).validate()
     except OptionsError as exc:
         raise click.UsageError(str(exc)) from None
@@ -146,7 +149,11 @@ def serve_daemon(options: RunnerOptions, settings: Any, url: Any, database: tupl
         engine.dispose()
         raise
     if options.start_method == "forkserver":
-        launcher: Any = ForkServerLauncher(options.preload, title=f"scrinalia-runner: fork server {options.name}")
+        from runner.warm_models import warm_start
+
+        launcher: Any = ForkServerLauncher(options.preload, title=f"scrinalia-runner: fork server {options.name}",
+                                           warm=warm_start(options, catalogue, capabilities),
+                                           warm_limit=options.warm_limit_mb << 20)
     else:
         launcher = SpawnLauncher(preload=options.preload)
     sup = Supervisor(

@@ -14,9 +14,16 @@ fork server that did.
 Protocol (one ``SOCK_SEQPACKET`` socketpair, pickled tuples, one message per packet):
 
     supervisor -> server   ("spawn", token)  + SCM_RIGHTS [channel_fd, output_fd]
-    server -> supervisor   ("ready", info)   once, after preloading
+                           ("warm", key, worker)  (load a model on the CPU for a worker, engines.warm)
+    server -> supervisor   ("ready", info)   once, after preloading (and loading the warm models)
                            ("spawned", token, pid)
                            ("exited", ChildExit)  (the wait status decoded, the kernel's rusage)
+                           ("warmed", info)  (the warm models now held, after a "warm")
+
+Warm models (decision 0340): the models of the workers kept warm are loaded here, on the CPU, before
+"ready"; every child forked after inherits them copy-on-write. A "warm" request (a child had to load a
+model cold: its settings changed) loads the new one between two spawns and drops the copy that worker
+used before; ``warm_limit`` bytes bound what is held (the oldest goes first).
 
 The fork server reaps its children (SIGCHLD through a wakeup pipe) and reports each exit with the
 kernel's resource usage. It dies with the supervisor (PR_SET_PDEATHSIG), and its children die with it.
@@ -24,6 +31,7 @@ kernel's resource usage. It dies with the supervisor (PR_SET_PDEATHSIG), and its
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import pickle
@@ -55,9 +63,10 @@ class ForkServerNotAnswering(ForkServerError, LauncherNotReady):
 # --- the server (its own process: python -m runner.forkserver) -------------------------------------
 
 
-def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title: str) -> None:
-    """Preload, say "ready", then fork a child per spawn request and report every exit, until the
-    supervisor closes the link."""
+def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title: str,
+          warm_start: tuple[tuple[dict[str, str], tuple[str, ...]], ...] = (), warm_limit: int = 0) -> None:
+    """Preload, load the warm models, say "ready", then fork a child per spawn request and report every
+    exit, until the supervisor closes the link."""
     from runner import child as child_module
 
     child_module.set_pdeathsig(signal.SIGKILL)
@@ -65,6 +74,12 @@ def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title:
         os._exit(child_module.EXIT_ORPHANED)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ready, catalogue = _preload(preload)
+    warm_models = WarmModels(warm_limit)
+    for key, workers in warm_start:
+        warm_models.load(key, workers)
+    ready["warm"] = warm_models.info()
+    torch = sys.modules.get("torch")  # again: loading a model must not have initialised CUDA either
+    ready["cuda_initialized"] = bool(torch is not None and torch.cuda.is_initialized())
     procinfo.set_title(title)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
@@ -89,6 +104,10 @@ def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title:
         if request is None:
             return  # the supervisor closed the link (or died): leave; PDEATHSIG takes the children
         if not request:
+            continue
+        if request[0] == "warm":
+            warm_models.load(request[1], (request[2],), replace=True)
+            send("warmed", warm_models.info())
             continue
         token, channel_fd, output_fd = request
         sys.stdout.flush()
@@ -142,6 +161,66 @@ def _preload(preload: tuple[str, ...]) -> tuple[dict[str, Any], dict | None]:
     }, catalogue
 
 
+class WarmModels:
+    """The fork server's warm models (engines.warm), bounded by ``limit`` bytes (0: none is kept)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.order: list[Any] = []  # WarmKey, oldest first
+        self.errors: list[str] = []
+
+    def load(self, key_json: dict[str, str], workers: tuple[str, ...], replace: bool = False) -> None:
+        """Load one model for ``workers``; ``replace``: the model these workers used before is dropped
+        unless another worker still uses it. A failure is reported (``errors``), never raised: the
+        children then load cold, as before."""
+        from scrinalia.domains.archive.workers.engines import warm
+
+        try:
+            key = warm.WarmKey.from_json(key_json)
+            entry = warm.warm(key)
+        except Exception as exc:  # a missing directory, a broken model: the children load cold
+            self.errors = [*self.errors[-4:], f"{key_json.get('model_dir')}: {type(exc).__name__}"]
+            log.warning("warm model %s not loaded: %s", key_json, exc)
+            return
+        if replace:
+            for other in warm.held():
+                if other.key != key:
+                    other.workers.difference_update(workers)
+                    if not other.workers:
+                        self._forget(other.key)
+        entry.workers.update(workers)
+        if key in self.order:
+            self.order.remove(key)
+        self.order.append(key)
+        self._bound()
+
+    def _bound(self) -> None:
+        from scrinalia.domains.archive.workers.engines import warm
+
+        while self.order and sum(m.nbytes for m in warm.held()) > self.limit:
+            oldest = self.order[0]
+            log.warning("warm model %s dropped: over the limit of %d bytes", oldest.model_dir, self.limit)
+            self.errors = [*self.errors[-4:], f"{oldest.model_dir}: over the warm limit ({self.limit} bytes)"]
+            self._forget(oldest)
+
+    def _forget(self, key: Any) -> None:
+        from scrinalia.domains.archive.workers.engines import warm
+
+        warm.drop(key)
+        if key in self.order:
+            self.order.remove(key)
+        import gc
+
+        gc.collect()
+
+    def info(self) -> dict[str, Any]:
+        from scrinalia.domains.archive.workers.engines import warm
+
+        models = [m.describe() for m in warm.held()]
+        return {"models": models, "bytes": sum(m["bytes"] for m in models), "limit_bytes": self.limit,
+                "errors": list(self.errors)}
+
+
 def _drain(fd: int) -> None:
     try:
         while os.read(fd, 512):
@@ -162,16 +241,19 @@ def _reap(send: Any) -> None:
         send("exited", ChildExit.from_wait(pid, status, rusage))
 
 
-def _next_request(link: socket.socket) -> tuple[int, int, int] | tuple[()] | None:
-    """The next spawn request: (token, channel_fd, output_fd); () for a malformed one (dropped); None
-    when the link is closed."""
+def _next_request(link: socket.socket) -> tuple | None:
+    """The next request: (token, channel_fd, output_fd) for a spawn, ("warm", key, worker) for a warm
+    model; () for a malformed one (dropped); None when the link is closed."""
     try:
         data, fds, _flags, _addr = socket.recv_fds(link, MAX_PACKET, 4)
     except OSError:
         data, fds = b"", []
     if not data:
         return None
-    kind, token = pickle.loads(data)
+    message = pickle.loads(data)
+    if message[0] == "warm" and len(message) == 3 and not fds:
+        return tuple(message)
+    kind, token = message
     if kind != "spawn" or len(fds) != 2:
         for fd in fds:
             os.close(fd)
@@ -185,10 +267,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--preload", default="")
     parser.add_argument("--title", default="scrinalia-runner: fork server")
+    parser.add_argument("--warm", default="[]", help="JSON: [[key, [worker, ...]], ...] (engines.warm)")
+    parser.add_argument("--warm-limit", type=int, default=0)
     args = parser.parse_args(argv)
     link = socket.socket(fileno=args.link_fd)
     preload = tuple(p for p in args.preload.split(",") if p)
-    serve(link, args.parent_pid, preload, args.title)
+    warm_start = tuple((dict(key), tuple(workers)) for key, workers in json.loads(args.warm))
+    serve(link, args.parent_pid, preload, args.title, warm_start, args.warm_limit)
 
 
 # --- the supervisor's side -------------------------------------------------------------------------
@@ -201,8 +286,13 @@ class ForkServerLauncher:
     child_preload: tuple[str, ...] = ()  # the fork server preloaded already
 
     def __init__(self, preload: tuple[str, ...], *, title: str = "scrinalia-runner: fork server",
-                 env: dict[str, str] | None = None, ready_timeout: float = FORK_SERVER_READY_TIMEOUT) -> None:
+                 env: dict[str, str] | None = None, ready_timeout: float = FORK_SERVER_READY_TIMEOUT,
+                 warm: tuple[tuple[dict[str, str], tuple[str, ...]], ...] = (), warm_limit: int = 0) -> None:
         self.preload = preload
+        self.warm_start = warm  # the models kept warm: (engines.warm key, the workers that use it)
+        self.warm_limit = warm_limit
+        self.warm_info: dict[str, Any] = {}
+        self._warm_asked: set[tuple[str, str, str, str]] = set()  # (worker, *key) asked since the last start
         self.title = title
         self.env = env
         self.ready_timeout = ready_timeout
@@ -229,7 +319,9 @@ class ForkServerLauncher:
         env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runner.forkserver", "--link-fd", str(theirs.fileno()),
-             "--parent-pid", str(os.getpid()), "--preload", ",".join(self.preload), "--title", self.title],
+             "--parent-pid", str(os.getpid()), "--preload", ",".join(self.preload), "--title", self.title,
+             "--warm", json.dumps([[key, list(workers)] for key, workers in self.warm_start]),
+             "--warm-limit", str(self.warm_limit)],
             stdin=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),),
             close_fds=True,
@@ -253,6 +345,8 @@ class ForkServerLauncher:
 
     def _ready(self, info: dict[str, Any]) -> None:
         self.ready_info = info
+        self.warm_info = info.get("warm") or {}
+        self._warm_asked = set()
         if info.get("cuda_initialized"):
             self.close()
             raise ForkServerError("the fork server initialised CUDA while preloading; refusing to fork from it")
@@ -300,6 +394,10 @@ class ForkServerLauncher:
                             message[1].get("preload_seconds"))
         elif message[0] == "exited":
             self._exits.append(message[1])
+        elif message[0] == "warmed":
+            self.warm_info = message[1]
+            log.info("fork server: %d warm model(s), %d bytes", len(self.warm_info.get("models") or []),
+                     self.warm_info.get("bytes") or 0)
         elif message[0] == "spawned" and message[1] in self._unanswered:
             # The late answer of a spawn that timed out: that child got no assignment and is leaving.
             self._unanswered.discard(message[1])
@@ -339,6 +437,20 @@ class ForkServerLauncher:
             if message[0] == "spawned" and message[1] == token:
                 return int(message[2])
             self._handle(message)
+
+    def warm(self, key: dict[str, str], worker: str) -> bool:
+        """Ask the fork server to keep ``key`` warm for ``worker`` (a child of it loaded ``key`` cold: its
+        settings changed). Never waits: the answer ("warmed") is read with the exits. Only when warm
+        models are on (``warm_limit``), once per worker and key until the next start."""
+        asked = (worker, key["model_class"], key["model_dir"], key["dtype"])
+        if self.warm_limit <= 0 or asked in self._warm_asked or self.link is None or self._dead:
+            return False
+        try:
+            self.link.send(pickle.dumps(("warm", dict(key), worker)))
+        except OSError:
+            return False
+        self._warm_asked.add(asked)
+        return True
 
     @property
     def stalled(self) -> bool:
@@ -385,6 +497,8 @@ class ForkServerLauncher:
             "preload": list(self.preload),
             "preloaded": self.ready_info.get("preloaded", []),
             "preload_seconds": self.ready_info.get("preload_seconds"),
+            "warm": self.warm_info,
+            "cuda_initialized": self.ready_info.get("cuda_initialized"),
             "healthy": self.healthy(),
             "stalled": self.stalled,
             "starting": self.starting,

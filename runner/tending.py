@@ -169,12 +169,34 @@ class Exits:
             child = self.children.get(ex.pid)
             if child is not None:
                 self.messages.pump(child)  # what it sent before it exited is read before its exit counts
+                self._model_loads(child)
                 self.effects.apply(child, child.state.exited(ex, now))
         if self.launcher.name == "forkserver" and not self.launcher.healthy():
             self._fork_server_died()
 
     def due(self) -> list[float]:
         return []
+
+    def _model_loads(self, child: Child) -> None:
+        """A model the child loaded cold (its settings named one the fork server does not hold) is asked
+        of the fork server, so the next run is warm (decision 0340). The run's row keeps only whether each
+        load was warm and how long it took (no server path in a run's metrics)."""
+        metrics = (child.state.result or {}).get("metrics")
+        if not isinstance(metrics, dict) or not isinstance(metrics.get("model_loads"), list):
+            return
+        loads = metrics.pop("model_loads")
+        metrics["model_load"] = [{"warm": bool(load.get("warm")), "seconds": load.get("seconds")}
+                                 for load in loads if isinstance(load, dict)]
+        ask = getattr(self.launcher, "warm", None)
+        for load in loads:
+            if ask is not None and isinstance(load, dict) and not load.get("warm"):
+                try:
+                    key = {k: str(load[k]) for k in ("model_class", "model_dir", "dtype")}
+                except KeyError:
+                    continue
+                if ask(key, child.run.worker_name):
+                    log.info("worker %s loaded %s (%s) cold: asked the fork server to keep it warm",
+                             child.run.worker_name, key["model_dir"], key["dtype"])
 
     def _fork_server_died(self) -> None:
         log.critical("the fork server died; its children died with it")
