@@ -22,6 +22,7 @@ from runner.children import Child
 from runner.drain import Drain
 from runner.finisher import Finisher
 from runner.launchers import Launcher
+from runner.loop_state import Requests
 from runner.ports import Clock, Processes
 from runner.run_state import Action, Due, Effect, Timing
 from runner.stall import StallStep, StallWatch
@@ -38,15 +39,14 @@ class Effects:
     leaves the table for the finisher."""
 
     def __init__(self, clock: Clock, children: Children, processes: Processes, finisher: Finisher,
-                 timings: Timings) -> None:
+                 timings: Timings, conversation: Conversation, requests: Requests) -> None:
         self.clock = clock
         self.children = children
         self.processes = processes
         self.finisher = finisher
         self.timings = timings
-        self.on_slot_free: Callable[[], None] = lambda: None  # the poll: claim now (set by the supervisor)
-        self.on_abandoned: Callable[[], None] = lambda: None  # the heartbeat: beat now
-        self.read_last: Callable[[Child], None] = lambda child: pump(child, self)  # ChildMessages.pump
+        self.conversation = conversation
+        self.requests = requests
 
     def apply(self, child: Child, effects: list[Effect]) -> None:
         for effect in effects:
@@ -59,12 +59,12 @@ class Effects:
 
     def _ended(self, child: Child, action: Action) -> None:
         """Exit and channel both observed: out of the table, to the finisher."""
-        self.read_last(child)  # the output's last lines (the outcome's tail)
+        self.conversation.read(child, self)  # the output's last lines (the outcome's tail)
         child.close()
         del self.children[child.pid]
-        self.on_slot_free()
+        self.requests.claim = True  # a slot is free
         if self.finisher.child_ended(child, action):
-            self.on_abandoned()  # an abandoned run: the heartbeat's answer settles it
+            self.requests.beat = True  # an abandoned run: the heartbeat's answer settles it
 
     def request_cancel(self, child: Child, why: str) -> None:
         effects = child.state.request_cancel(self.clock.monotonic())
@@ -107,28 +107,18 @@ def pump(child: Child, effects: Effects, on_message: OnMessage | None = None) ->
         effects.apply(child, child.state.closed())
 
 
-class ChildMessages:
-    """Phase ``children``: each child's channel and output (``started``, ``progress``, ``result``)."""
+class Conversation:
+    """What a child says (``started``, ``progress``, ``result``), applied to its state. Not a phase: the
+    ``children`` and ``exits`` phases and a run's end (``Effects``) each read a child through it, so what a
+    child sent before it exited is read before its exit counts."""
 
-    name = "children"
-
-    def __init__(self, clock: Clock, children: Children, effects: Effects, timings: Timings,
-                 on_progress: Callable[[Child], None] | None) -> None:
+    def __init__(self, clock: Clock, timings: Timings, on_progress: Callable[[Child], None] | None) -> None:
         self.clock = clock
-        self.children = children
-        self.effects = effects
         self.timings = timings
         self.on_progress = on_progress
 
-    def run(self) -> None:
-        for child in list(self.children.values()):
-            self.pump(child)
-
-    def due(self) -> list[float]:
-        return []
-
-    def pump(self, child: Child) -> None:
-        pump(child, self.effects, self._on_message)
+    def read(self, child: Child, effects: Effects) -> None:
+        pump(child, effects, self._on_message)
 
     def _on_message(self, child: Child, kind: str, payload: dict[str, Any]) -> None:
         now = self.clock.monotonic()
@@ -149,18 +139,33 @@ class ChildMessages:
                 child.progress = payload["progress"]
 
 
+class ChildMessages:
+    """Phase ``children``: each child's channel and output (``started``, ``progress``, ``result``)."""
+
+    name = "children"
+
+    def __init__(self, children: Children, effects: Effects) -> None:
+        self.children = children
+        self.effects = effects
+
+    def run(self) -> None:
+        for child in list(self.children.values()):
+            self.effects.conversation.read(child, self.effects)
+
+    def due(self) -> list[float]:
+        return []
+
+
 class Exits:
     """Phase ``exits``: the launcher's exit reports; the fork server's death (restarted off the loop)."""
 
     name = "exits"
 
-    def __init__(self, clock: Clock, children: Children, launcher: Launcher, effects: Effects,
-                 messages: ChildMessages, drain: Drain) -> None:
+    def __init__(self, clock: Clock, children: Children, launcher: Launcher, effects: Effects, drain: Drain) -> None:
         self.clock = clock
         self.children = children
         self.launcher = launcher
         self.effects = effects
-        self.messages = messages
         self.drain = drain
 
     def run(self) -> None:
@@ -168,7 +173,7 @@ class Exits:
         for ex in self.launcher.collect_exits():
             child = self.children.get(ex.pid)
             if child is not None:
-                self.messages.pump(child)  # what it sent before it exited is read before its exit counts
+                self.effects.conversation.read(child, self.effects)  # what it sent before it exited counts first
                 self._model_loads(child)
                 self.effects.apply(child, child.state.exited(ex, now))
         if self.launcher.name == "forkserver" and not self.launcher.healthy():
