@@ -26,7 +26,10 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
+from scrinalia.db import migrate
 from scrinalia.db.local_cluster import LocalCluster, free_port
+from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.ledger import WorkerRun
 from tests.systemd.container import Bind, Container, ContainerError, why_no_container
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,8 +91,33 @@ class Deployment:
         answer = json.loads(self.sh(f"{VENV}/bin/scrinalia-runner status --json").stdout)
         return answer[0] if isinstance(answer, list) else answer
 
-    def journal(self, *args: str) -> str:
-        return self.sh("journalctl --no-pager -o cat " + " ".join(shlex.quote(a) for a in args)).stdout
+    def enqueue(self, worker: str, **options: Any) -> uuid.UUID:
+        return ledger.enqueue(self.engine, worker, {"options": options}, requested_by="systemd-test").run_id
+
+    def run_row(self, run_id: uuid.UUID) -> WorkerRun:
+        row = ledger.get_run(self.engine, run_id)
+        assert row is not None
+        return row
+
+    def wait_run(self, run_id: uuid.UUID, statuses: set[str], timeout: float) -> WorkerRun:
+        return wait_for(lambda: (row := self.run_row(run_id)).status in statuses and row, timeout,
+                        f"run {run_id} to be {'/'.join(sorted(statuses))}")
+
+    def runner_pids(self) -> list[int]:
+        """Every process of the runner's unit: its cgroup, as the container's systemd keeps it."""
+        group = self.show("scrinalia-runner", "ControlGroup")["ControlGroup"]
+        if not group:
+            return []
+        found = self.sh(f"cat /sys/fs/cgroup/systemd{group}/cgroup.procs /sys/fs/cgroup/unified{group}/cgroup.procs "
+                        f"/sys/fs/cgroup{group}/cgroup.procs 2>/dev/null", check=False).stdout
+        return sorted({int(pid) for pid in found.split()})
+
+    def set_revision(self, revision: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
+
+    def journal(self, *args: str, output: str = "cat") -> str:
+        return self.sh(f"journalctl --no-pager -o {output} " + " ".join(shlex.quote(a) for a in args)).stdout
 
 
 def _build_wheel(out: Path) -> Path:
@@ -115,12 +143,26 @@ def _database(cluster: LocalCluster) -> Engine:
     return create_engine(url)
 
 
+#: The runner as its unit starts it, with seconds instead of minutes (lease 6 s, drain 4 s).
+RUNNER_TEST_FLAGS = (f"{VENV}/bin/scrinalia-runner daemon --name %H --concurrency 1 --heartbeat 1 --lease 6 "
+                     "--poll 1 --drain-timeout 4 --kill-grace 2 --cancel-grace 4 --preload torch,transformers")
+
+
+def write_dropin(container: Container, unit: str, body: str, name: str = "test") -> None:
+    """/etc/systemd/system/UNIT.service.d/NAME.conf with ``[Service]`` and ``body`` (no daemon-reload)."""
+    directory = f"/etc/systemd/system/{unit}.service.d"
+    container.sh(f"mkdir -p {directory} && cat > {directory}/{name}.conf", input=f"[Service]\n{body}\n")
+
+
 def install(container: Container, wheel_name: str, pg_port: int, api_port: int) -> dict[str, float]:
     """docs/install.md sections 2.2, 2.6-2.8, 3.2-3.4 on one host, each command as written, except: uv
     installs the wheel (pip takes minutes; decision 0300), no TLS (the test cluster's socket on loopback:
     DB_SSLMODE=disable), the API on a free port, and the test's plugin module beside the wheel."""
     timings: dict[str, float] = {}
     sh = container.sh
+
+    def dropin(unit: str, body: str) -> None:
+        write_dropin(container, unit, body)
     started = time.monotonic()
     sh("id scrinalia >/dev/null 2>&1 || useradd --system --user-group --home-dir /var/lib/scrinalia "
        "--shell /usr/sbin/nologin scrinalia\n"
@@ -146,10 +188,12 @@ def install(container: Container, wheel_name: str, pg_port: int, api_port: int) 
        "set -a; . /etc/scrinalia/scrinalia.env; set +a\n"
        f"{VENV}/bin/scrinalia db upgrade\n"
        f"RUNNER_DB_PASSWORD={RUNNER_PASSWORD} {VENV}/bin/scrinalia db runner-role")
-    # Test-only drop-ins (as `systemctl edit` writes them): the API on a free port; a short watchdog.
-    sh("mkdir -p /etc/systemd/system/scrinalia-api.service.d /etc/systemd/system/scrinalia-runner.service.d\n"
-       "printf '[Service]\\nExecStart=\\nExecStart=" + VENV + "/bin/scrinalia api --host 127.0.0.1 --port "
-       + str(api_port) + " --workers 2\\n' > /etc/systemd/system/scrinalia-api.service.d/test.conf")
+    # Test-only drop-ins (as `systemctl edit` writes them): the API on a free port; the runner's timings
+    # shortened so that a drain, a watchdog kill and a lease expiry take seconds (the unit's own
+    # WatchdogSec=, TimeoutStopSec=, KillMode=, OOMPolicy= and Restart*= stay as written).
+    dropin("scrinalia-api", f"ExecStart=\nExecStart={VENV}/bin/scrinalia api --host 127.0.0.1 --port {api_port} "
+                            "--workers 2")
+    dropin("scrinalia-runner", f"ExecStart=\nExecStart={RUNNER_TEST_FLAGS}")
     started = time.monotonic()
     sh("systemctl daemon-reload && systemctl enable --now scrinalia-api scrinalia-scheduler", timeout=240)
     timings["api+scheduler start"] = time.monotonic() - started
@@ -221,3 +265,101 @@ def test_units_are_active_once_ready_and_show_their_status(deployed: Deployment)
     assert deployed.container.name in names
     shown = deployed.systemctl("status", "scrinalia-runner", "--no-pager", check=False).stdout
     assert "Status: \"" in shown, shown
+
+
+@pytest.fixture
+def runner_up(deployed: Deployment) -> Iterator[Deployment]:
+    """The runner active when the test starts, and again (drop-ins of the test removed) when it ends."""
+    deployed.systemctl("start", "scrinalia-runner")
+    yield deployed
+    deployed.sh("rm -f /etc/systemd/system/scrinalia-runner.service.d/scenario.conf && systemctl daemon-reload")
+    deployed.systemctl("reset-failed", "scrinalia-runner", check=False)
+    deployed.systemctl("restart", "scrinalia-runner")
+
+
+# --- systemctl stop drains -----------------------------------------------------------------------------------
+
+def test_stop_drains_the_run_in_flight_and_leaves_nothing(runner_up: Deployment) -> None:
+    deployed = runner_up
+    short = deployed.enqueue("deployed-slow", units=4, pause=0.5)  # 2 s: ends within --drain-timeout 4
+    deployed.wait_run(short, {"RUNNING"}, 60)
+    assert len(deployed.runner_pids()) >= 3  # the supervisor, its fork server, the run's child
+    deployed.systemctl("stop", "scrinalia-runner")
+    assert deployed.run_row(short).status == "SUCCESS"  # finished during the drain, before stop returned
+    props = deployed.show("scrinalia-runner", "ActiveState", "Result", "ExecMainStatus")
+    assert props == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0"}, props
+    assert deployed.runner_pids() == []
+
+    deployed.systemctl("start", "scrinalia-runner")
+    long = deployed.enqueue("deployed-slow", units=200, pause=0.5)  # outlives the drain
+    deployed.wait_run(long, {"RUNNING"}, 60)
+    deployed.systemctl("stop", "scrinalia-runner")
+    row = deployed.run_row(long)
+    assert (row.status, row.exit_reason) == ("INTERRUPTED", "runner-stopped"), row
+    props = deployed.show("scrinalia-runner", "ActiveState", "Result", "ExecMainStatus")
+    assert props == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0"}, props
+    assert deployed.runner_pids() == []
+    stopping = deployed.journal("-u", "scrinalia-runner", f"RUN_ID={long}")
+    assert "-> INTERRUPTED runner-stopped" in stopping, stopping
+
+
+# --- a frozen supervisor: the watchdog ------------------------------------------------------------------------
+
+def test_a_frozen_supervisor_is_killed_by_the_watchdog_and_restarted(runner_up: Deployment) -> None:
+    deployed = runner_up
+    unit = deployed.sh("cat /etc/systemd/system/scrinalia-runner.service").stdout
+    assert "\nWatchdogSec=" in unit and "\nRestart=on-failure" in unit  # the unit as written arms both
+    # A watchdog of seconds, not a minute, for the test (a drop-in; the mechanism is the unit's).
+    write_dropin(deployed.container, "scrinalia-runner", "WatchdogSec=3", name="scenario")
+    deployed.sh("systemctl daemon-reload")
+    deployed.systemctl("restart", "scrinalia-runner")
+    held = deployed.enqueue("deployed-slow", units=400, pause=0.5)
+    deployed.wait_run(held, {"RUNNING"}, 60)
+    before = deployed.show("scrinalia-runner", "MainPID", "NRestarts")
+    children = [c["pid"] for c in deployed.runner_status()["children"]]
+    assert children, "the run's child"
+    deployed.sh(f"kill -STOP {before['MainPID']}")
+    after = wait_for(lambda: (p := deployed.show("scrinalia-runner", "MainPID", "NRestarts", "ActiveState"))
+                     ["ActiveState"] == "active" and p["NRestarts"] != before["NRestarts"] and p, 90,
+                     "the watchdog to kill the frozen supervisor and systemd to restart it")
+    assert after["MainPID"] != before["MainPID"]
+    assert int(after["NRestarts"]) == int(before["NRestarts"]) + 1
+    journal = deployed.journal("-u", "scrinalia-runner", output="short")
+    assert "Watchdog timeout" in journal, journal[-3000:]
+    for pid in children:  # the old child went with its supervisor's cgroup
+        assert deployed.sh(f"test -e /proc/{pid}", check=False).returncode != 0, pid
+    row = deployed.wait_run(held, {"INTERRUPTED", "FAILED", "SUCCESS"}, 60)
+    assert row.status == "INTERRUPTED", row
+    with deployed.engine.connect() as conn:
+        held_twice = conn.execute(text("SELECT count(*) FROM archive_worker_runs WHERE worker_name = 'deployed-slow' "
+                                       "AND status IN ('QUEUED', 'RUNNING')")).scalar_one()
+    assert held_twice == 0  # nobody runs it again
+
+
+# --- the schema's exit codes: no restart loop; a database down: retried --------------------------------------
+
+@pytest.mark.parametrize(("revision", "code", "words"), [
+    ("0010", 4, "migrate first with `scrinalia db upgrade`"),
+    ("0099_from_a_newer_release", 7, "upgrade this runner"),
+])
+def test_a_schema_behind_or_ahead_fails_once_without_a_restart_loop(runner_up: Deployment, revision: str, code: int,
+                                                                    words: str) -> None:
+    deployed = runner_up
+    deployed.systemctl("stop", "scrinalia-runner")
+    head = migrate.head_revision()
+    deployed.set_revision(revision)
+    try:
+        started = deployed.systemctl("start", "scrinalia-runner", check=False)
+        assert started.returncode != 0
+        props = deployed.show("scrinalia-runner", "ActiveState", "Result", "ExecMainStatus", "NRestarts",
+                              "ExecMainPID")
+        assert props["ActiveState"] == "failed" and props["ExecMainStatus"] == str(code), props
+        assert props["NRestarts"] == "0", props  # failed, not auto-restart: no restart is pending
+    finally:
+        deployed.set_revision(head)
+    # What the refused process wrote: one line, at priority err, naming the cause.
+    lines = deployed.journal(f"_PID={props['ExecMainPID']}", output="json").splitlines()
+    entries = [json.loads(line) for line in lines if line.strip()]
+    assert len(entries) == 1 and words in entries[0]["MESSAGE"], entries
+    assert entries[0]["PRIORITY"] == "3", entries
+    assert "Traceback" not in "\n".join(lines)
