@@ -53,6 +53,9 @@ def run(interval: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if _schema_checked(engine, interval, stop):
+        from scrinalia.sdnotify import notify
+
+        notify("READY=1", f"STATUS=schema current; ticking every {interval:g} s")
         Scheduler(engine, quarantine_after=get_settings().scheduler_quarantine_after,
                   samples_retention_days=get_settings().run_samples_retention_days,
                   leader_engine=_leader_engine()).serve(interval, stop)
