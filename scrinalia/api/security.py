@@ -7,6 +7,10 @@
   method (POST, PUT, PATCH, DELETE) is OPERATE and needs the ADMIN role, and, when it is made with the
   cookie, the session's CSRF token in ``X-CSRF-Token``. A bearer header is not sent by a browser on its
   own, so it needs no CSRF token.
+* Credentials are judged as a whole: a request that carries an ``Authorization`` header is judged by it
+  alone. An invalid or malformed one (an unknown token, ``Basic ...``, ``Bearer`` with nothing after it)
+  is refused with 401 even when a valid session cookie travels beside it: the cookie never rescues a
+  credential the caller chose to send (docs/decisions/0320).
 """
 from __future__ import annotations
 
@@ -55,7 +59,13 @@ def optional_principal(
 ) -> Principal | None:
     # Resolved once per request: FastAPI caches a dependency's value for the whole request, also when
     # both the /system router and the route itself depend on ``system_guard``.
-    token, via = (bearer.credentials, "bearer") if bearer is not None else (cookie, "cookie")
+    token: str | None
+    if request.headers.get("authorization") is not None:
+        if bearer is None:  # present but not "Bearer <token>": refused, whatever cookie is beside it
+            return None
+        token, via = bearer.credentials, "bearer"
+    else:
+        token, via = cookie, "cookie"
     if not token:
         return None
     info = resolve_session(ctx(request).engine, token)

@@ -64,7 +64,7 @@ def _settings_out(name: str, spec: WorkerSpec, engine, persisted: dict[str, Any]
     }
 
 
-@router.get("", response_model=WorkersOut,
+@router.get("", response_model=WorkersOut, responses=_ERR,
             summary="Every worker: settings, counts, active and last run, runners, queued reason")
 def list_workers(request: Request) -> dict[str, Any]:
     c = ctx(request)
