@@ -111,6 +111,9 @@ def daemon_options(func):
                           "preloaded), none, or DIR[:DTYPE],... (decision 0340)."),
         click.option("--warm-limit-mb", type=int, default=opts.DEFAULT_WARM_LIMIT_MB, show_default=True,
                      help="MiB of warm models the fork server may hold (the oldest is dropped first); 0: none."),
+        click.option("--standby/--no-standby", default=True, show_default=True,
+                     help="The fork server keeps a child forked ahead, handed the next run directly "
+                          "(pick-up without the fork's time; decision 0341)."),
         click.option("--start-method", type=click.Choice(opts.START_METHODS), default="forkserver", show_default=True,
                      help="forkserver (children ready in milliseconds) or spawn (a fresh interpreter per child)."),
         click.option("--socket", "socket_path", type=click.Path(path_type=Path), default=None,
@@ -132,7 +135,7 @@ def daemon_command(**flags: Any) -> None:
 def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbeat, lease, poll, drain_timeout,
                max_runtime, cancel_grace, kill_grace, preload, start_method, socket_path, log_level,
                listen=None, listen_poll=10.0, stall_timeout=opts.DEFAULT_STALL_TIMEOUT, warm_models="auto",
-               warm_limit_mb=opts.DEFAULT_WARM_LIMIT_MB) -> int:
+               warm_limit_mb=opts.DEFAULT_WARM_LIMIT_MB, standby=True) -> int:
     setup_logging(log_level)
     from runner.daemon import daemon_catalogue, daemon_control, daemon_engine, daemon_options_from, serve_daemon
 
@@ -141,7 +144,7 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
         heartbeat=heartbeat, lease=lease, poll=poll, drain_timeout=drain_timeout, max_runtime=max_runtime,
         cancel_grace=cancel_grace, kill_grace=kill_grace, preload=preload, start_method=start_method,
         socket_path=socket_path, listen=listen, listen_poll=listen_poll, stall_timeout=stall_timeout,
-        warm_models=warm_models, warm_limit_mb=warm_limit_mb,
+        warm_models=warm_models, warm_limit_mb=warm_limit_mb, standby=standby,
     )
     settings, url = _parent_settings()
     catalogue, capabilities = daemon_catalogue(options)

@@ -18,7 +18,7 @@ def daemon_options_from(*, name, capabilities, concurrency, devices, per_device,
                            drain_timeout, max_runtime, cancel_grace, kill_grace, preload, start_method,
                            socket_path, listen, listen_poll,
                            stall_timeout=opts.DEFAULT_STALL_TIMEOUT, warm_models="auto",
-                           warm_limit_mb=opts.DEFAULT_WARM_LIMIT_MB) -> RunnerOptions:
+                           warm_limit_mb=opts.DEFAULT_WARM_LIMIT_MB, standby=True) -> RunnerOptions:
     from runner.wakeup import listen_default
 
     try:
@@ -43,6 +43,7 @@ def daemon_options_from(*, name, capabilities, concurrency, devices, per_device,
             socket_path=socket_path or opts.default_socket_path(name),
             warm_models=warm_models,
             warm_limit_mb=warm_limit_mb,
+            standby=standby,
         ).validate()
     except OptionsError as exc:
         raise click.UsageError(str(exc)) from None
@@ -153,7 +154,7 @@ def serve_daemon(options: RunnerOptions, settings: Any, url: Any, database: tupl
 
         launcher: Any = ForkServerLauncher(options.preload, title=f"scrinalia-runner: fork server {options.name}",
                                            warm=warm_start(options, catalogue, capabilities),
-                                           warm_limit=options.warm_limit_mb << 20)
+                                           warm_limit=options.warm_limit_mb << 20, standby=options.standby)
     else:
         launcher = SpawnLauncher(preload=options.preload)
     sup = Supervisor(

@@ -60,6 +60,7 @@ class RunnerOptions:
     stall_timeout: float = DEFAULT_STALL_TIMEOUT  # 0: never (a worker's WorkerSpec.stall_timeout wins)
     warm_models: str = "auto"  # auto | none | DIR[:DTYPE],... (runner.warm_models, decision 0340)
     warm_limit_mb: int = DEFAULT_WARM_LIMIT_MB  # what the fork server may hold of warm models
+    standby: bool = True  # the fork server keeps a child forked ahead (decision 0341)
 
     def validate(self) -> RunnerOptions:
         if not self.name or not self.name.strip():
