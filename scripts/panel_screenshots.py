@@ -70,8 +70,9 @@ def _day_of_history(engine: Engine) -> None:
                                       "AND stopped_at IS NULL"), {"n": RUNNER}).scalar_one()
     rng = random.Random(28)
     for i in range(60):
-        ledger.enqueue(engine, "panel-crash", {}, trigger="SCHEDULE")
-        run = ledger.claim_next(engine, runner_id, ["panel-crash"], 60)
+        # claimed as a worker the daemon does not run (it would race us for it), then named the slow one
+        ledger.enqueue(engine, "panel-model", {}, trigger="SCHEDULE")
+        run = ledger.claim_next(engine, runner_id, ["panel-model"], 60)
         assert run is not None
         outcome = rng.choices(["SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED"], [85, 8, 4, 3])[0]
         ledger.finish(engine, run.run_id, runner_id, outcome)
