@@ -233,3 +233,25 @@ def test_a_viewer_sees_the_cause_in_words_never_a_traceback_or_a_server_path(cli
         assert text_shown == ("EngineUnavailable: engine_options.model: ner: …/ner-model is not a local model "
                               "directory on this host (no config.json)"), text_shown
         assert "Traceback" not in text_shown and str(tmp_path) not in text_shown and ".py" not in text_shown
+
+
+def test_a_run_started_in_the_panel_is_listed_with_trigger_panel(client, engine):
+    """Issue 28 item 7: the panel's Run and Retry (the browser's cookie session) write trigger PANEL; a
+    script's bearer token writes API. The field keeps its name; the runs list filters by it."""
+    from tests.api.conftest import add_user, bearer, cookie_login
+
+    add_user(engine, "admin@example.org", "ADMIN")
+    token = bearer(client, "admin@example.org")
+    csrf = cookie_login(client, "admin@example.org")  # the client now also holds the panel's cookie
+    r = client.post("/api/v1/system/workers/alpha/runs", headers={"X-CSRF-Token": csrf}, json={})
+    assert r.status_code == 201, r.text
+    assert r.json()["trigger"] == "PANEL"
+    ledger.request_cancel(engine, uuid.UUID(r.json()["run_id"]))
+    r = client.post("/api/v1/system/workers/alpha/runs", headers=token, json={})
+    assert r.status_code == 201 and r.json()["trigger"] == "API"
+    ledger.request_cancel(engine, uuid.UUID(r.json()["run_id"]))
+    failed = _finished_run(engine, "beta", "FAILED", error="RuntimeError: boom")
+    r = client.post(f"{R}/{failed.run_id}/retry", headers={"X-CSRF-Token": csrf})
+    assert r.status_code == 201 and r.json()["trigger"] == "PANEL"
+    panel = client.get(R, params={"trigger": "PANEL"}).json()["runs"]
+    assert sorted(run["worker_name"] for run in panel) == ["alpha", "beta"]
