@@ -38,6 +38,7 @@ from runner.timings import SPAWN_WAIT_MIN, Timings
 from scrinalia.db.engine import ServerFacts
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.workers.sdk import DatabaseLayer, PersistedSettings, ResolvedConfig
+from scrinalia.journal import run_fields
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -194,7 +195,7 @@ class Starts:
             os.close(out_r)
             if isinstance(exc, LauncherNotReady):
                 log.warning("run %s (%s): %s; it waits for the launcher (no worker code ran)",
-                            run.run_id, run.worker_name, exc)
+                            run.run_id, run.worker_name, exc, extra=run_fields(run))
                 self.waiting[run.run_id] = Waiting(run, resolved, claimed_at)
             else:
                 self.finisher.start_failed(run, exc)
@@ -211,10 +212,11 @@ class Starts:
         try:
             wire.send(ours, "assign", self._assignment(run, resolved, device))
         except OSError as exc:
-            log.error("run %s: the child %d did not take its assignment: %s", run.run_id, pid, exc)
+            log.error("run %s: the child %d did not take its assignment: %s", run.run_id, pid, exc,
+                      extra=run_fields(run))
         ours.setblocking(False)
         log.info("run %s (%s) -> child %d%s", run.run_id, run.worker_name, pid,
-                 f" on GPU {device.key}" if device is not None else "")
+                 f" on GPU {device.key}" if device is not None else "", extra=run_fields(run))
         return child
 
     def _assignment(self, run: WorkerRun, resolved: ResolvedConfig, device: Any) -> dict[str, Any]:
@@ -303,7 +305,7 @@ class Poll:
             return
         for run in expired:
             log.warning("run %s (%s) of runner %s: lease expired -> INTERRUPTED", run.run_id,
-                        run.worker_name, run.runner_id)
+                        run.worker_name, run.runner_id, extra=run_fields(run))
 
     def _claim_while_free(self) -> None:
         """One claim per free slot, each one statement; the first empty answer ends the round."""

@@ -242,7 +242,9 @@ def _progress(c: ChildView, *, with_unit: bool = True) -> str:
     if c.done is None:
         return "-"
     done = f"{c.done:g}"
-    unit = f" {c.unit}" if with_unit and c.unit else ""
+    # "112/200 documents": the unit agrees with the number it counts (issue 28, 7)
+    count = c.total if c.total else c.done
+    unit = f" {c.unit}{'' if count == 1 else 's'}" if with_unit and c.unit else ""
     if c.total:
         return f"{done}/{c.total:g}{unit} ({100 * c.done / c.total:.0f}%)"
     return f"{done}{unit}"

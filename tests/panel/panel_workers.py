@@ -25,6 +25,9 @@ def run_slow(ctx: RunContext) -> dict[str, Any]:
     units = int(ctx.config.options.get("units", 24))
     delay = float(ctx.config.options.get("delay", 0.5))
     done = 0
+    # "load": seconds before the first report, as a model's loading takes (the heartbeat samples memory
+    # meanwhile, so the run's chart has points before it has a unit).
+    time.sleep(float(ctx.config.options.get("load", 0.0)))
     ctx.report_progress(0, units, "item")
 
     def fetch(_conn, size: int) -> list[int]:
@@ -57,6 +60,8 @@ SLOW = WorkerSpec(
     options={
         "units": OptionSpec("int", 24, "How many items to process", minimum=1, maximum=100_000),
         "delay": OptionSpec("float", 0.5, "Seconds per batch", minimum=0.0, maximum=60.0),
+        "load": OptionSpec("float", 0.0, "Seconds before the first progress (a model's loading)",
+                           minimum=0.0, maximum=60.0),
     },
 )
 

@@ -119,7 +119,7 @@ def test_an_idle_page_shows_runs_enqueued_elsewhere(page, panel_engine, runner_c
     # What the scheduler does: a direct ledger enqueue, from another process' point of view.
     run = ledger.enqueue(panel_engine, "panel-crash", {}, trigger="SCHEDULE")
     expect(crash).to_have_attribute("data-state", "queued", timeout=LIVE_BOUND_MS)
-    expect(crash.locator(".active")).to_contain_text("SCHEDULE")
+    expect(crash.locator(".active")).to_contain_text("· schedule ·")  # the trigger in words (issue 28, 7)
     shot(page, "live-01-enqueued-elsewhere")
     ledger.request_cancel(panel_engine, run.run_id, "test")
     expect(crash).not_to_have_attribute("data-state", "queued", timeout=LIVE_BOUND_MS)
@@ -136,7 +136,7 @@ def test_an_idle_page_shows_runs_enqueued_elsewhere(page, panel_engine, runner_c
         [sys.executable, "-m", "runner.cli", "run", "panel-slow", "--option", "units=6", "--option", "delay=0.6"],
         cwd=REPO, env=_env(panel_database_url), capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stdout + cli.stderr
-    expect(slow.locator(".facts")).to_contain_text("CLI", timeout=LIVE_BOUND_MS)
+    expect(slow.locator(".facts")).to_contain_text("command line", timeout=LIVE_BOUND_MS)
     assert page.evaluate("window.__noReload") is True
 
 

@@ -59,7 +59,7 @@ def enqueue_from_card(page, worker: str, **options) -> None:
         if details.get_attribute("open") is None:
             c.get_by_text("Options", exact=True).click()
         for name, value in options.items():
-            c.get_by_label(name, exact=True).fill(str(value))
+            c.get_by_label(name[0].upper() + name[1:].replace("_", " "), exact=True).fill(str(value))
     c.get_by_role("button", name="Run", exact=True).click()
 
 
@@ -140,15 +140,15 @@ def test_a_run_goes_queued_running_success(page: Page, panel_engine, runner_cont
 
     # Client-side validation: a bad batch size and option never reach the API.
     slow.get_by_text("Options", exact=True).click()
-    slow.get_by_label("Batch size").fill("0")
-    slow.get_by_label("units", exact=True).fill("2.5")
+    slow.get_by_label("Database batch").fill("0")
+    slow.get_by_label("Units", exact=True).fill("2.5")
     slow.get_by_role("button", name="Run", exact=True).click()
     expect(slow.locator('[data-error-for="db_batch_size"]')).to_contain_text("whole number")
     expect(slow.locator('[data-error-for="options.units"]')).to_contain_text("whole number")
     assert last_run(panel_engine, "panel-slow") is None
-    slow.get_by_label("Batch size").fill("")
-    slow.get_by_label("units", exact=True).fill("")
-    slow.get_by_label("delay", exact=True).fill("99")
+    slow.get_by_label("Database batch").fill("")
+    slow.get_by_label("Units", exact=True).fill("")
+    slow.get_by_label("Delay", exact=True).fill("99")
     slow.get_by_role("button", name="Run", exact=True).click()
     expect(slow.locator('[data-error-for="options.delay"]')).to_contain_text("60")
     assert last_run(panel_engine, "panel-slow") is None
@@ -163,8 +163,8 @@ def test_a_run_goes_queued_running_success(page: Page, panel_engine, runner_cont
     assert last_run(panel_engine, "embedding") is None
     shot(page, "03-run-form-errors")
 
-    slow.get_by_label("delay", exact=True).fill("0.6")
-    slow.get_by_label("units", exact=True).fill("40")  # 20 batches of 2 items: about 12 s
+    slow.get_by_label("Delay", exact=True).fill("0.6")
+    slow.get_by_label("Units", exact=True).fill("40")  # 20 batches of 2 items: about 12 s
     slow.get_by_role("button", name="Run", exact=True).click()
     expect(slow).to_have_attribute("data-state", "queued")
     expect(slow.locator(".queued-reason")).to_contain_text("no online runner")

@@ -167,3 +167,17 @@ def test_watch_all_reads_every_live_runner_from_the_registry(start_runner, runne
     assert tmux("send-keys", "-t", "watch", "q").returncode == 0
     wait_for(lambda: exit_file.exists() and exit_file.read_text().strip(), 10, what="the view to quit on q")
     assert exit_file.read_text().strip() == "exit=0"
+
+
+def test_the_progress_unit_agrees_with_its_number():
+    """Issue 28, 7: "112/200 documents", "1 document", not "112/200 document"."""
+    from runner.watch import ChildView, _progress
+
+    def child(done: float, total: float | None) -> ChildView:
+        return ChildView(run_id="r", worker="w", pid=1, phase="running", elapsed_s=1.0, done=done, total=total,
+                         unit="document", rss_bytes=None, gpu_bytes=None, lease_s=None)
+
+    assert _progress(child(112, 200)) == "112/200 documents (56%)"
+    assert _progress(child(1, None)) == "1 document"
+    assert _progress(child(0, None)) == "0 documents"
+    assert _progress(child(112, 200), with_unit=False) == "112/200 (56%)"

@@ -82,9 +82,12 @@ const poller = {
         if (view === this.view) this.activity = activity || 'idle';
         this.lastAt = new Date();
         this.error = null;
+        this.checking = false;
+        clearTransient(main); // errors caused by an unreachable API go when it answers again
         if (this.staleSince) live.reopen(); // back: the stream need not wait for its backoff
         this.staleSince = null;
       } catch (err) {
+        this.checking = false;
         if (err instanceof api.ApiError && err.status === 401) return;
         this.error = err.message;
         // The API does not answer (network, 5xx): what is on screen is as of the last answer. Keep
@@ -107,7 +110,8 @@ const poller = {
   schedule() {
     clearTimeout(this.timer);
     this.timer = null;
-    const interval = this.staleSince ? STALE_RETRY_MS : this.intervals()[this.activity] ?? null;
+    // Stale, or the live stream dropped (it is reopened meanwhile): check the API every few seconds.
+    const interval = this.staleSince || live.dropped ? STALE_RETRY_MS : this.intervals()[this.activity] ?? null;
     if (this.view && interval && !document.hidden) {
       this.timer = setTimeout(() => this.kick(), interval);
     }
@@ -118,23 +122,28 @@ const poller = {
     const stale = Boolean(this.staleSince && this.view);
     const trying = Boolean(this.inflight && (this.manual || stale));
     document.body.dataset.stale = stale ? 'true' : 'false';
+    freeze(stale);
     staleBar.hidden = !stale;
     if (stale) {
+      // The fact once, in one sentence: since when, why, and what that means for what is shown.
       replace(staleBar, h('strong', `Stale since ${this.staleSince.toLocaleTimeString()}: `),
-        `the API does not answer (${this.error}); what is shown is as it was then.`,
+        `${causeOf(this.error)}, so what is shown is as it was then.`,
         trying ? h('span.muted', ' Trying again…') : h('span.muted', ` Trying again every ${STALE_RETRY_MS / 1000} s.`));
     }
     const interval = this.intervals()[this.activity] ?? null;
     document.body.dataset.poll = this.view && interval ? this.activity : 'idle';
     document.body.dataset.pollInterval = this.view && interval ? String(interval / 1000) : '0';
-    document.body.dataset.live = live.connected && !stale ? 'on' : 'off';
+    const isLive = live.connected && !stale;
+    document.body.dataset.live = isLive ? 'on' : 'off';
     bar.hidden = !this.view || !this.view.refresh;
     refreshButton.setAttribute('aria-busy', trying ? 'true' : 'false');
     refreshButton.textContent = trying ? 'Refreshing…' : 'Refresh now';
-    const dot = h('span.dot', { class: stale ? 'stale' : this.activity, 'aria-hidden': 'true' });
+    // The dot's colour repeats the words beside it (green: live), it never says anything alone.
+    const dot = h('span.dot', { class: stale ? 'stale' : isLive ? 'live' : this.activity, 'aria-hidden': 'true' });
     let text;
     if (trying) text = stale ? 'Trying to reach the API…' : 'Refreshing…';
-    else if (stale) text = `Stale since ${this.staleSince.toLocaleTimeString()}: ${this.error}`;
+    else if (stale) text = 'Not live: see the notice above';
+    else if (this.checking || live.dropped) text = `The live stream dropped: checking the API every ${STALE_RETRY_MS / 1000} s until it is back`;
     else if (this.error) text = `Could not refresh: ${this.error}`;
     else if (document.hidden) text = 'Paused while this tab is hidden';
     else if (live.connected) text = 'Live: changes appear as they happen';
@@ -146,6 +155,41 @@ const poller = {
   },
 };
 
+/** The stale notice's cause in words, from the last error (lower case: it follows "Stale since …:"). */
+function causeOf(error) {
+  if (!error || /cannot be reached/.test(error)) return 'the API cannot be reached';
+  if (/did not answer within/.test(error)) return error.replace(/^The API/, 'the API').replace(/\.$/, '');
+  if (/live stream has been silent/.test(error)) return 'the API’s live stream has been silent';
+  return `the API answered with an error (${error.replace(/\.$/, '')})`;
+}
+
+/**
+ * While stale, the page's actions are disabled (their answer could not come) and its state badges say
+ * they are the last known ones; given back as they were when the API answers again (issue 28, 3).
+ */
+function freeze(stale) {
+  if (stale) {
+    for (const b of main.querySelectorAll('button:not([disabled]), input[type="submit"]:not([disabled])')) {
+      b.disabled = true;
+      b.dataset.frozen = 'true';
+    }
+    for (const b of main.querySelectorAll('.worker .badge, .page-head .badge')) b.dataset.stale = 'true';
+  } else {
+    for (const b of main.querySelectorAll('[data-frozen="true"]')) {
+      b.disabled = false;
+      delete b.dataset.frozen;
+    }
+    for (const b of main.querySelectorAll('.badge[data-stale]')) delete b.dataset.stale;
+  }
+}
+
+/** Remove the notices that said the API could not be reached: their cause is gone. */
+function clearTransient(root) {
+  for (const el of root.querySelectorAll('[data-transient="true"]')) {
+    if (el.matches('.form-error')) { el.textContent = ''; delete el.dataset.transient; } else el.remove();
+  }
+}
+
 // --- live updates ----------------------------------------------------------------------------------
 
 const live = createLive({
@@ -155,10 +199,14 @@ const live = createLive({
   },
   onState() { poller.schedule(); },
   // Silent past its heartbeats (a frozen API) or broken: not live; say so at once and check the API.
-  onDown({ why, lastFrameAt }) {
+  onDown({ why, lastFrameAt, wasConnected }) {
     if (document.hidden) return;
     if (why === 'silent') poller.suspect(lastFrameAt, 'its live stream has been silent');
-    else poller.kick();
+    else {
+      // Until the check answers, the bar must not claim a calm "refreshing every 60 s" (issue 28, 3).
+      if (wasConnected) poller.checking = true;
+      poller.kick();
+    }
   },
 });
 
@@ -203,15 +251,32 @@ function normaliseUser(data) {
 
 export function setUser(data) {
   session.user = normaliseUser(data);
+  rememberSession(Boolean(session.user));
   renderHeader();
   followSession();
 }
 
+// Whether this browser holds a session, as far as the panel knows: set at a login or an answered
+// /auth/me, cleared at a logout or a 401. Without it the first load goes to the login page without
+// asking /auth/me, whose 401 chromium would print in red in every new visitor's console (issue 28, 9).
+const SIGNED_IN = 'scrinalia.signed-in';
+
+export function rememberSession(on) {
+  if (on) localStorage.setItem(SIGNED_IN, '1');
+  else localStorage.removeItem(SIGNED_IN);
+}
+
 async function loadSession() {
+  if (!localStorage.getItem(SIGNED_IN)) {
+    session.user = null;
+    renderHeader();
+    return;
+  }
   try {
     setUser(await api.get(AUTH.me, { quiet401: true }));
   } catch (err) {
     if (!(err instanceof api.ApiError) || err.status !== 401) throw err;
+    rememberSession(false);
     session.user = null;
     renderHeader();
   }
@@ -220,6 +285,7 @@ async function loadSession() {
 async function logout() {
   try { await api.post(AUTH.logout, {}, { quiet401: true }); } catch { /* the session may be gone already */ }
   api.setCsrf(null);
+  rememberSession(false);
   session.user = null;
   renderHeader();
   followSession();
@@ -244,6 +310,7 @@ function renderHeader() {
 
 api.onUnauthorised(() => {
   if (session.user) announce('Your session has ended; please log in again.');
+  rememberSession(false);
   session.user = null;
   renderHeader();
   followSession();
@@ -269,6 +336,7 @@ const ROUTES = [
 ];
 
 let current = null;
+let routed = false; // false until the first page is shown: the first one is not a navigation
 
 export function parseHash() {
   const raw = location.hash.replace(/^#\/?/, '');
@@ -329,9 +397,12 @@ async function route() {
   replace(main);
   current = match.view.mount(main, { args, params }, ctx) || {};
   document.title = `${current.title || 'Scrinalia'} · Scrinalia`;
-  // Move focus to the page for keyboard and screen-reader users, as a page load would.
+  // After an in-app navigation, move focus to the page's heading for keyboard and screen-reader users,
+  // as a page load would; on a page opened directly the browser's own start (the document) stays, so
+  // no focus box appears on a heading the user never moved to (issue 28, 9).
   const heading = main.querySelector('h1');
-  if (heading) { heading.tabIndex = -1; heading.focus({ preventScroll: true }); }
+  if (heading && routed) { heading.tabIndex = -1; heading.focus({ preventScroll: true }); }
+  routed = true;
   poller.attach(current);
 }
 

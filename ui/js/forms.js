@@ -27,6 +27,14 @@ export function field({ label, name, control, hint, cls = '' }) {
   return { el, input: control, setError, name };
 }
 
+/**
+ * 'true' when an error says the API could not be reached or failed (no answer, a 5xx): its notice is
+ * removed by the shell as soon as the API answers again (issue 28, 2); a refusal (4xx) stays.
+ */
+export function unreachable(err) {
+  return err && (err.status === 0 || err.status >= 500) ? 'true' : 'false';
+}
+
 /** Show ``ApiError.fields`` beside their fields; what matches no field goes to ``formError``. */
 export function showErrors(fields, err, formError, aliases = {}) {
   for (const f of Object.values(fields)) f.setError('');
@@ -45,6 +53,7 @@ export function showErrors(fields, err, formError, aliases = {}) {
     else summary = 'Please correct the fields marked below.';
   }
   formError.textContent = summary;
+  formError.dataset.transient = unreachable(err);
   const firstInvalid = Object.values(fields).find((f) => f.input.getAttribute('aria-invalid') === 'true');
   if (firstInvalid) firstInvalid.input.focus();
   return !err;

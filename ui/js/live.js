@@ -33,12 +33,14 @@ export function createLive({ onChange, onState, onDown }) {
   let retryMs = RETRY_MIN_MS;
   let retryTimer = null;
   let connected = false;
+  let everConnected = false;
   let heartbeatMs = DEFAULT_HEARTBEAT_MS;
   let lastFrameAt = 0;
 
   function setConnected(value) {
     if (connected === value) return;
     connected = value;
+    if (value) everConnected = true;
     onState(value);
   }
 
@@ -109,6 +111,7 @@ export function createLive({ onChange, onState, onDown }) {
       if (source) { source.close(); source = null; }
       lastFrameAt = 0;
       setConnected(false);
+      everConnected = false;
     },
     /** Open the stream again now (the API answered after an outage: no need to wait for the backoff). */
     reopen() {
@@ -117,5 +120,7 @@ export function createLive({ onChange, onState, onDown }) {
       if (!source) open();
     },
     get connected() { return connected; },
+    /** Wanted and live once, not now: the stream dropped and is being opened again. */
+    get dropped() { return wanted && everConnected && !connected; },
   };
 }

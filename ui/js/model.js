@@ -1,11 +1,23 @@
 // What the panel reads from the API, normalised in one place so a view never guesses field names.
 import { h } from './dom.js';
-import { parseTime, duration, ago, absolute } from './format.js';
+import { duration, ago, absolute, number } from './format.js';
 import { serverNow } from './api.js';
 
 export const ACTIVE = ['QUEUED', 'RUNNING'];
 export const STATUSES = ['QUEUED', 'RUNNING', 'SUCCESS', 'FAILED', 'INTERRUPTED', 'CANCELLED'];
-export const TRIGGERS = ['API', 'CLI', 'SCHEDULE'];
+export const TRIGGERS = ['PANEL', 'API', 'CLI', 'SCHEDULE'];
+
+/** A run's trigger in words ("panel", "command line"): the API's codes are upper case. */
+const TRIGGER_WORDS = { PANEL: 'panel', API: 'API', CLI: 'command line', SCHEDULE: 'schedule' };
+export function triggerText(trigger) {
+  if (!trigger) return '';
+  return TRIGGER_WORDS[String(trigger).toUpperCase()] || String(trigger).toLowerCase();
+}
+
+/** The engine a default run uses: the effective one, else the catalogue's default, else its only one. */
+export function effectiveEngine(w) {
+  return w.engine || w.raw?.default_engine || (w.engines.length === 1 ? w.engines[0].name : null);
+}
 
 const pick = (obj, ...keys) => {
   for (const k of keys) {
@@ -133,15 +145,28 @@ export function statusBadge(status) {
   return h('span.badge', { class: status || '' }, status || '—');
 }
 
-/** The progress of a run: {done, total, unit, fraction|null}. */
-export function progressOf(run) {
+/**
+ * The progress of a run: {done, total, unit, fraction|null, started}. ``unit`` is the worker's ("document"),
+ * used until the run reports its own. ``started`` is false until the run's first report: the child is
+ * still starting (loading its model), which "0 units" would misstate (issue 28, 4).
+ */
+export function progressOf(run, unit = 'unit') {
   const p = run?.progress || {};
+  const started = p.done !== undefined && p.done !== null || p.processed !== undefined && p.processed !== null;
   const done = Number(p.done ?? p.processed ?? 0);
   const total = p.total === null || p.total === undefined ? null : Number(p.total);
-  return { done, total, unit: p.unit || 'unit', fraction: total ? Math.min(1, done / total) : null, raw: p };
+  return { done, total, unit: p.unit || unit, fraction: total ? Math.min(1, done / total) : null, raw: p, started };
 }
 
-// Samples of (time, done) per run, so the ETA follows the recent rate, not the model-loading start.
+/** "112 of 200 documents", "1 document", or, before the first report, that the run is starting. */
+export function progressLabel(p) {
+  if (!p.started) return 'Starting: loading the model and the first batch…';
+  const units = (n) => (n === 1 ? p.unit : `${p.unit}s`);
+  return p.total ? `${number(p.done)} of ${number(p.total)} ${units(p.total)}` : `${number(p.done)} ${units(p.done)}`;
+}
+
+// Samples of (time, done) per run: the ETA follows the rate seen between reports, never the time since
+// the start (which holds the model's loading and made the first ETA about twice too long).
 const samples = new Map();
 
 export function eta(run) {
@@ -158,18 +183,11 @@ export function eta(run) {
   if (!list.length || list[list.length - 1].done !== done) list.push({ t: now, done });
   while (list.length > 12) list.shift();
   if (samples.size > 200) samples.delete(samples.keys().next().value);
-  let rate = null; // units per ms
-  if (list.length >= 2) {
-    const a = list[0];
-    const b = list[list.length - 1];
-    if (b.done > a.done && b.t > a.t) rate = (b.done - a.done) / (b.t - a.t);
-  }
-  if (rate === null) {
-    const started = parseTime(run.started_at);
-    if (started && done > 0 && now > started) rate = done / (now - started);
-  }
-  if (!rate) return null;
-  return (total - done) / rate;
+  if (list.length < 3) return null; // two intervals between reports at least: the first one holds the start
+  const a = list[1];
+  const b = list[list.length - 1];
+  if (!(b.done > a.done && b.t > a.t)) return null;
+  return (total - done) / ((b.done - a.done) / (b.t - a.t));
 }
 
 export function etaText(run) {
@@ -184,6 +202,17 @@ export function queuedReasonText(reason) {
     return `Backing off before a retry: it may start ${ago(reason.not_before)} (${absolute(reason.not_before)}).`;
   }
   return reason.message || REASONS[reason.code] || reason.code;
+}
+
+/**
+ * What a worker that cannot run by default is missing, in words: no raw validation message, no API
+ * route, no command-line flag (those are for the log and the CLI; issue 28, 5).
+ */
+export function setupText(w) {
+  const field = w.setupError?.field || '';
+  const name = field.split('.').pop() || 'setting';
+  if (/(^|\.)model$/.test(field)) return 'No model directory is set, so a run would be refused.';
+  return `Its ${name.replaceAll('_', ' ')} setting is missing or not valid, so a run would be refused.`;
 }
 
 /** "needs a model" when what is missing is a model directory, else "needs a setting". */

@@ -16,9 +16,9 @@ function control(o, initial) {
   const value = initial === undefined || initial === null ? '' : text(initial);
   if (o.type === 'bool' || o.type === 'boolean') {
     return h('select',
-      h('option', { value: '' }, `Default (${o.default === null ? 'none' : String(o.default)})`),
-      h('option', { value: 'true', selected: value === 'true' }, 'true'),
-      h('option', { value: 'false', selected: value === 'false' }, 'false'));
+      h('option', { value: '' }, `Default (${o.default === null ? 'none' : o.default ? 'yes' : 'no'})`),
+      h('option', { value: 'true', selected: value === 'true' }, 'Yes'),
+      h('option', { value: 'false', selected: value === 'false' }, 'No'));
   }
   if (o.choices) {
     return h('select', h('option', { value: '' }, `Default (${o.default ?? 'none'})`),
@@ -34,14 +34,34 @@ function control(o, initial) {
 }
 
 /**
+ * An option's label in words: "min_score" -> "Min score". An engine's ``batch_size`` is the model's batch,
+ * which a plain "Batch size" would confuse with the run's database batch (issue 28, 7).
+ */
+export function optionLabel(name, prefix = 'options') {
+  if (prefix === 'engine_options' && name === 'batch_size') return 'Model batch size';
+  const words = String(name).replaceAll('_', ' ').replaceAll('-', ' ').trim();
+  return words ? words[0].toUpperCase() + words.slice(1) : String(name);
+}
+
+/** "from 0 to 1", "at least 1", "at most 60": a bound in words, not "0–1". */
+function rangeText(o) {
+  if (o.min !== null && o.max !== null) return `from ${o.min} to ${o.max}`;
+  if (o.min !== null) return `at least ${o.min}`;
+  if (o.max !== null) return `at most ${o.max}`;
+  return null;
+}
+
+const KIND = { path: 'a directory on the runner', list: 'a JSON list', dict: 'a JSON object', bool: 'yes or no', boolean: 'yes or no' };
+
+/**
  * optionFields(specs, prefix, initial) -> [{spec, f}]: one labelled field per option, named
- * ``${prefix}.${name}`` (so a 422 on "engine_options.model" lands beside its field).
+ * ``${prefix}.${name}`` (so a 422 on "engine_options.model" lands beside its field). The hint is the
+ * description, the bound and whether it is required, in words; the raw name stays in the field's name.
  */
 export function optionFields(specs, prefix, initial = {}) {
   return specs.map((o) => {
-    const range = o.min !== null || o.max !== null ? `${o.min ?? '…'}–${o.max ?? '…'}` : null;
-    const hint = [o.required ? 'required' : null, o.description, o.type, range].filter(Boolean).join(' · ');
-    const f = field({ label: o.name, name: `${prefix}.${o.name}`, hint, control: control(o, initial?.[o.name]) });
+    const hint = [o.required ? 'Required' : null, o.description, KIND[o.type] || null, rangeText(o)].filter(Boolean).join(' · ');
+    const f = field({ label: optionLabel(o.name, prefix), name: `${prefix}.${o.name}`, hint, control: control(o, initial?.[o.name]) });
     return { spec: o, f };
   });
 }

@@ -3,7 +3,7 @@
 import { h, replace, announce, dl } from '../dom.js';
 import * as api from '../api.js';
 import { timeEl, absolute, duration, bytes, number, shortId, json, parseTime } from '../format.js';
-import { statusBadge, progressOf, etaText, activityOf, ACTIVE, queuedReasonText, items } from '../model.js';
+import { statusBadge, progressOf, progressLabel, etaText, activityOf, ACTIVE, queuedReasonText, items, triggerText } from '../model.js';
 import { runChart } from '../charts.js';
 
 const SIGNALS = { 1: 'SIGHUP', 2: 'SIGINT', 4: 'SIGILL', 6: 'SIGABRT', 7: 'SIGBUS', 8: 'SIGFPE', 9: 'SIGKILL', 11: 'SIGSEGV', 13: 'SIGPIPE', 15: 'SIGTERM' };
@@ -25,6 +25,9 @@ const REASONS = {
 /** What an operator may retry (the API's RETRYABLE). */
 const RETRYABLE = ['FAILED', 'INTERRUPTED'];
 
+/** A live run's chart is re-read at most this often (its progress events come several times a second). */
+export const CHART_EVERY_MS = 3000;
+
 export function mount(main, route, ctx) {
   const runId = route.args[0];
   const body = h('div');
@@ -35,10 +38,13 @@ export function mount(main, route, ctx) {
   let schedules = null; // id -> schedule, read once: a run names its schedule, not a bare number
   // Made once and moved into each render: the canvas survives a refresh, and a live run's chart gains
   // points in place (each ledger event refreshes the view, which re-reads the series).
-  const chart = runChart();
+  let unit = null; // the worker's unit ("document"), read once: the run's own progress may not say it yet
+  let chartAt = 0;
+  let chartStatus = null;
+  const chart = runChart(() => unit || 'unit');
   const chartCard = h('section.card.section', { 'aria-labelledby': 'chart-h' },
     h('h2#chart-h', 'Over its life'),
-    h('p.small.muted', 'Units per second between samples, and the child’s memory (RSS, GPU) as the supervisor samples it at each heartbeat.'),
+    h('p.small.muted', 'What it processed per second between samples, and the child’s memory (RSS, GPU) as the supervisor samples it at each heartbeat.'),
     chart.el);
 
   async function refresh() {
@@ -60,9 +66,20 @@ export function mount(main, route, ctx) {
     }
     const run = data?.run && typeof data.run === 'object' ? { ...data.run, ...data } : data;
     const chain = await attempts(run, data);
-    if (run.started_at) {
+    if (unit === null) {
+      unit = run.progress?.unit || null;
+      if (!unit) {
+        try { unit = (await api.get(`/system/workers/${encodeURIComponent(run.worker_name)}`))?.unit || 'unit'; } catch { unit = 'unit'; }
+      }
+    }
+    // The series is re-read at most every CHART_EVERY_MS while the run's status stays the same: a live
+    // run's progress events come several times a second, and each one refreshed the page (issue 28, 9).
+    const now = Date.now();
+    if (run.started_at && (run.status !== chartStatus || now - chartAt >= CHART_EVERY_MS)) {
       try {
         chart.update(await api.get(`/system/charts/runs/${runId}`));
+        chartAt = now;
+        chartStatus = run.status;
       } catch (err) {
         if (err.status === 401) throw err; // the rest of the page stands without its chart
       }
@@ -104,7 +121,7 @@ export function mount(main, route, ctx) {
 
   function render(run, chain) {
     const active = ACTIVE.includes(run.status);
-    const p = progressOf(run);
+    const p = progressOf(run, unit || 'unit');
     const sections = [];
 
     sections.push(h('div.page-head',
@@ -121,7 +138,7 @@ export function mount(main, route, ctx) {
 
     if (retryError) sections.push(h('div.notice.bad', { role: 'alert' }, retryError));
     if (run.status === 'RUNNING') {
-      const label = p.total ? `${number(p.done)} of ${number(p.total)} ${p.unit}s` : `${number(p.done)} ${p.unit}s`;
+      const label = progressLabel(p);
       const pct = p.fraction === null ? null : Math.round(p.fraction * 100);
       const eta = etaText(run);
       sections.push(h('section.card', { 'aria-labelledby': 'prog-h' },
@@ -150,7 +167,7 @@ export function mount(main, route, ctx) {
       h('section.card', { 'aria-labelledby': 'sum-h' }, h('h2#sum-h', 'Summary'), dl([
         ['Worker', h('a', { href: `#/runs?worker=${encodeURIComponent(run.worker_name)}` }, run.worker_name)],
         ['Status', statusBadge(run.status)],
-        ['Trigger', run.trigger],
+        ['Trigger', triggerText(run.trigger)],
         ['Requested by', run.requested_by],
         ['Attempt', run.attempt ?? 1],
         ['Retry of', run.retry_of ? h('a.mono', { href: `#/runs/${run.retry_of}` }, shortId(run.retry_of)) : null],

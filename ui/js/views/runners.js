@@ -3,8 +3,9 @@
 // runner, unfolding it when it has stopped.
 import { h, replace, announce, dl } from '../dom.js';
 import * as api from '../api.js';
+import { unreachable } from '../forms.js';
 import { timeEl, duration, bytes, number, shortId, parseTime } from '../format.js';
-import { items } from '../model.js';
+import { items, progressOf, progressLabel } from '../model.js';
 import { serverNow } from '../api.js';
 import { slotsChart } from '../charts.js';
 
@@ -131,7 +132,7 @@ export function mount(main, route, ctx) {
       h('thead', h('tr', ['PID', 'Run', 'Worker', 'Device', 'Progress', 'RSS', 'GPU', 'Elapsed'].map((c) => h('th', { scope: 'col' }, c)))),
       h('tbody', children.map((c) => {
         const p = c.progress || {};
-        const prog = p.total ? `${number(p.done ?? 0)}/${number(p.total)}` : p.done !== undefined ? number(p.done) : '—';
+        const prog = p.done !== undefined && p.done !== null ? progressLabel(progressOf(c, p.unit || 'unit')) : 'starting';
         const started = parseTime(c.started_at);
         const elapsed = c.elapsed_seconds ?? c.elapsed_s ?? (started ? (serverNow() - started) / 1000 : null);
         const runId = c.run_id || c.run;
@@ -173,7 +174,7 @@ export function mount(main, route, ctx) {
       announce(`${r.name} is draining.`);
       replace(errorBox);
     } catch (err) {
-      replace(errorBox, h('div.notice.bad', { role: 'alert' }, `Could not drain ${r.name}: ${err.message}`));
+      replace(errorBox, h('div.notice.bad', { role: 'alert', dataset: { transient: unreachable(err) } }, `Could not drain ${r.name}: ${err.message}`));
     }
     ctx.poke();
   }

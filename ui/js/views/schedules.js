@@ -2,11 +2,15 @@
 // tick says why); add (one per worker), enable/disable, remove.
 import { h, replace, announce } from '../dom.js';
 import * as api from '../api.js';
-import { field, showErrors } from '../forms.js';
+import { field, showErrors, unreachable } from '../forms.js';
 import { timeEl, duration, shortId, plural } from '../format.js';
-import { items } from '../model.js';
+import { items, statusBadge } from '../model.js';
 
 const REFUSED = 'refused: ';
+
+function isEnded(run) {
+  return Boolean(run) && run.status !== 'QUEUED' && run.status !== 'RUNNING';
+}
 
 export function mount(main, route, ctx) {
   const summary = h('p');
@@ -22,15 +26,30 @@ export function mount(main, route, ctx) {
   const confirming = new Set();
   let schedules = [];
   let workers = [];
+  const lastRuns = new Map(); // run id -> {status, exit_reason}; an ended run is read once
   const highlight = route.params?.schedule ? Number(route.params.schedule) : null;
 
   async function refresh() {
     const [data, wdata] = await Promise.all([api.get('/system/schedules'), workers.length ? null : api.get('/system/workers')]);
     schedules = items(data, 'schedules');
+    await readLastRuns();
     if (wdata) workers = items(wdata, 'workers').map((w) => ({ name: w.name, label: w.label || w.name }));
     render();
     if (ctx.canOperate() && !formBox.firstChild) replace(formBox, addForm());
     return 'idle';
+  }
+
+  async function readLastRuns() {
+    const wanted = schedules.map((s) => s.last_run_id).filter((id) => id && !isEnded(lastRuns.get(id)));
+    await Promise.all(wanted.map(async (id) => {
+      try {
+        const r = await api.get(`/system/runs/${id}`);
+        const run = r?.run && typeof r.run === 'object' ? r.run : r;
+        lastRuns.set(id, { status: run.status, exit_reason: run.exit_reason || null });
+      } catch (err) {
+        if (err.status === 401 || unreachable(err) === 'true') throw err;
+      }
+    }));
   }
 
   function render() {
@@ -60,11 +79,23 @@ export function mount(main, route, ctx) {
       h('td', { 'data-label': 'Last outcome' },
         s.last_outcome
           ? h('span', { class: refused ? 'outcome refused' : 'outcome' }, refused ? h('strong', 'refused: ') : null,
-            refused ? s.last_outcome.slice(REFUSED.length) : s.last_outcome)
+            refused ? s.last_outcome.slice(REFUSED.length) : outcomeText(s))
           : h('span.muted', 'not ticked yet'),
         s.last_tick_at ? h('span.muted.small', ' · ', timeEl(s.last_tick_at)) : null,
         s.last_run_id ? h('span.small', ' · ', h('a.mono', { href: `#/runs/${s.last_run_id}` }, `run ${shortId(s.last_run_id)}`)) : null),
       ctx.canOperate() ? h('td.actions', { 'data-label': 'Actions' }, actions(s)) : null);
+  }
+
+  // "enqueued" says what the tick did, not how the run went: a quarantined schedule whose runs all
+  // failed said "Last outcome: enqueued" (issue 28, 6). The run's own end is the outcome.
+  function outcomeText(s) {
+    const run = s.last_run_id ? lastRuns.get(s.last_run_id) : null;
+    if (s.last_outcome === 'enqueued' && run) {
+      if (run.status === 'QUEUED' || run.status === 'RUNNING') return h('span', `its run is ${run.status.toLowerCase()} `, statusBadge(run.status));
+      return h('span', `its run ended `, statusBadge(run.status), run.exit_reason ? h('span.muted', ` (${run.exit_reason})`) : null);
+    }
+    if (s.last_outcome === 'skipped-busy') return 'skipped: the worker was busy';
+    return s.last_outcome;
   }
 
   function stateOf(s) {
@@ -76,7 +107,8 @@ export function mount(main, route, ctx) {
   function quarantineText(q) {
     return h('div.quarantine.small',
       h('div', q.reason || 'crash loop'),
-      q.fingerprint ? h('div', 'error ', h('a.mono.fingerprint', { href: `#/runs?fingerprint=${encodeURIComponent(q.fingerprint)}` }, q.fingerprint)) : null,
+      q.fingerprint ? h('div', 'Error: ', h('code.fingerprint', q.fingerprint), ' ',
+        h('a', { href: `#/runs?fingerprint=${encodeURIComponent(q.fingerprint)}` }, 'its runs')) : null,
       h('div.muted', 'since ', timeEl(q.quarantined_at),
         q.run_id ? [' · ', h('a.mono', { href: `#/runs/${q.run_id}` }, `run ${shortId(q.run_id)}`)] : null));
   }
@@ -103,7 +135,7 @@ export function mount(main, route, ctx) {
       announce(`The ${s.worker_name} schedule is ${enabled ? 'enabled' : 'disabled'}.`);
       replace(errorBox);
     } catch (err) {
-      replace(errorBox, h('div.notice.bad', { role: 'alert' }, `Could not change the schedule: ${err.message}`));
+      replace(errorBox, h('div.notice.bad', { role: 'alert', dataset: { transient: unreachable(err) } }, `Could not change the schedule: ${err.message}`));
     }
     ctx.poke();
   }
@@ -114,7 +146,7 @@ export function mount(main, route, ctx) {
       announce(`The ${s.worker_name} schedule is resumed.`);
       replace(errorBox);
     } catch (err) {
-      replace(errorBox, h('div.notice.bad', { role: 'alert' }, `Could not resume the schedule: ${err.message}`));
+      replace(errorBox, h('div.notice.bad', { role: 'alert', dataset: { transient: unreachable(err) } }, `Could not resume the schedule: ${err.message}`));
     }
     ctx.poke();
   }
@@ -126,7 +158,7 @@ export function mount(main, route, ctx) {
       announce(`The ${s.worker_name} schedule is removed.`);
       replace(errorBox);
     } catch (err) {
-      replace(errorBox, h('div.notice.bad', { role: 'alert' }, `Could not remove the schedule: ${err.message}`));
+      replace(errorBox, h('div.notice.bad', { role: 'alert', dataset: { transient: unreachable(err) } }, `Could not remove the schedule: ${err.message}`));
     }
     ctx.poke();
   }
@@ -134,7 +166,7 @@ export function mount(main, route, ctx) {
   function addForm() {
     const formError = h('div.form-error', { role: 'alert' });
     const fields = {
-      worker_name: field({ label: 'Worker', name: 'worker_name',
+      worker_name: field({ label: 'Worker', name: 'worker_name', cls: '.field-worker',
         control: h('select', workers.map((w) => h('option', { value: w.name }, w.label === w.name ? w.name : `${w.label} (${w.name})`))) }),
       minutes: field({ label: 'Every (minutes)', name: 'interval_seconds', hint: 'at least 1',
         control: h('input', { type: 'number', min: 1, step: 1, inputmode: 'numeric', value: '60' }) }),

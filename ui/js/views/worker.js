@@ -3,7 +3,8 @@
 // refresh hands them new data), so a live update does not flash the page.
 import { h, replace } from '../dom.js';
 import * as api from '../api.js';
-import { number } from '../format.js';
+import { unreachable } from '../forms.js';
+import { number, plural } from '../format.js';
 import { normaliseWorker, workerState, STATE_LABEL, statusBadge } from '../model.js';
 import { runsPerHourChart, durationsChart, windowSwitch } from '../charts.js';
 
@@ -50,7 +51,8 @@ export function mount(main, route, ctx) {
         replace(main, h('h1', 'Worker not found'), h('p', `No worker is called ${name}.`), h('a', { href: '#/workers' }, 'All workers'));
         return 'idle';
       }
-      if (err.status !== 401) replace(errorBox, h('div.notice.bad', { role: 'alert' }, `Could not load the charts: ${err.message}`));
+      // Unreachable: the shell's stale notice says it once; a card would only repeat it (issue 28, 3).
+      if (err.status !== 401 && unreachable(err) !== 'true') replace(errorBox, h('div.notice.bad', { role: 'alert', dataset: { transient: 'true' } }, `Could not load the charts: ${err.message}`));
       throw err;
     }
     const w = normaliseWorker(worker);
@@ -64,7 +66,7 @@ export function mount(main, route, ctx) {
     quarantineBox.dataset.quarantined = q ? 'true' : 'false';
     replace(quarantineBox, q ? h('div.notice.bad.quarantine', { role: 'note' },
       h('span.badge.quarantined', 'schedule quarantined'), ' ', q.reason || 'crash loop', ' ',
-      q.fingerprint ? h('a.mono', { href: `#/runs?fingerprint=${encodeURIComponent(q.fingerprint)}` }, q.fingerprint) : null,
+      q.fingerprint ? [h('code.fingerprint', q.fingerprint), ' ', h('a', { href: `#/runs?fingerprint=${encodeURIComponent(q.fingerprint)}` }, 'its runs')] : null,
       ' · ', h('a', { href: `#/schedules?schedule=${q.schedule_id}` }, ctx.canOperate() ? 'Resume it on Schedules' : 'See Schedules'))
       : null);
     perHour.update(trend);
@@ -72,7 +74,7 @@ export function mount(main, route, ctx) {
     const sum = (key) => trend.buckets.reduce((s, b) => s + (b[key] || 0), 0);
     const total = ['success', 'failed', 'interrupted', 'cancelled'].reduce((s, k) => s + sum(k), 0);
     totals.dataset.total = String(total);
-    totals.textContent = `${number(total)} runs finished in the last ${windowName === '7d' ? '7 days' : '24 hours'} · `
+    totals.textContent = `${plural(total, 'run')} finished in the last ${windowName === '7d' ? '7 days' : '24 hours'} · `
       + `${number(sum('success'))} succeeded · ${number(sum('failed'))} failed · ${number(sum('interrupted'))} interrupted · ${number(sum('cancelled'))} cancelled`;
     return w.active ? (w.active.status === 'RUNNING' ? 'running' : 'queued') : 'idle';
   }

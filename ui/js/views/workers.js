@@ -5,12 +5,12 @@
 // wipe what an operator is typing.
 import { h, replace, announce, dl } from '../dom.js';
 import * as api from '../api.js';
-import { field, showErrors } from '../forms.js';
+import { field, showErrors, unreachable } from '../forms.js';
 import { optionFields, readOptions } from '../options.js';
 import { timeEl, duration, number, shortId, plural } from '../format.js';
 import {
   items, normaliseWorker, workerState, STATE_LABEL, statusBadge, progressOf, etaText,
-  queuedReasonText, activityOf, setupLabel,
+  queuedReasonText, activityOf, setupLabel, setupText, progressLabel, effectiveEngine, triggerText,
 } from '../model.js';
 
 const BATCH_MIN = 1;
@@ -34,7 +34,8 @@ export function mount(main, _route, ctx) {
       data = await api.get('/system/workers');
       replace(errorBox);
     } catch (err) {
-      if (err.status !== 401) replace(errorBox, h('div.notice.bad', { role: 'alert' }, `Could not load the workers: ${err.message}`));
+      // Unreachable: the shell's stale notice says it once; a card would only repeat it (issue 28, 3).
+      if (err.status !== 401 && unreachable(err) !== 'true') replace(errorBox, h('div.notice.bad', { role: 'alert', dataset: { transient: 'true' } }, `Could not load the workers: ${err.message}`));
       throw err;
     }
     const workers = items(data, 'workers').map(normaliseWorker);
@@ -87,6 +88,7 @@ export function mount(main, _route, ctx) {
     // One slot per worker: while a run holds it, another Run would only get a 409.
     const submit = card.form?.querySelector('button[type="submit"]');
     if (submit) {
+      delete submit.dataset.frozen; // this answer decides, not the stale page's freeze (app.js)
       submit.disabled = Boolean(w.active);
       submit.title = w.active ? 'A run is active: wait for it to end, or cancel it' : '';
     }
@@ -95,17 +97,17 @@ export function mount(main, _route, ctx) {
     replace(card.status,
       w.quarantine ? quarantineNote(w) : null,
       w.setupError ? h('div.notice.warn.small.needs-setup', { role: 'note' },
-        h('strong', `${w.label} ${setupLabel(w.setupError)}: `), w.setupError.message || w.setupError.field, ' ',
-        h('a', { href: settingsHref(w.name) }, 'Open its settings')) : null,
+        h('strong', `${w.label} ${setupLabel(w.setupError)}. `), setupText(w), ' ',
+        h('a', { href: settingsHref(w.name) }, ctx.canOperate() ? 'Open its settings to set it' : 'See its settings')) : null,
       w.active ? activeBlock(w) : null,
       h('div.counts', { 'aria-label': 'Counts' },
         count(w.pending, `pending ${w.unit}s`, 'pending'),
         count(w.processed, 'processed', 'processed'),
         count(w.failed, 'failed', 'failed')),
       dl([
-        ['Engine', w.engine ? h('code', w.engine) : 'none'],
+        ['Engine', effectiveEngine(w) ? h('code', effectiveEngine(w)) : 'none'],
         ['Preset', w.preset ? h('code', w.preset) : null],
-        ['Batch size', w.batchSize ? number(w.batchSize) : null],
+        ['Database batch', w.batchSize ? `${plural(w.batchSize, w.unit)} per commit` : null],
         ['Last run', lastRun(w.last)],
         ['Runners', runnersText(w)],
       ]));
@@ -117,7 +119,7 @@ export function mount(main, _route, ctx) {
     return h('div.notice.bad.small.quarantine', { role: 'note' },
       h('span.badge.quarantined', 'schedule quarantined'), ' ',
       q.reason || 'crash loop', ' ',
-      q.fingerprint ? h('a.mono', { href: `#/runs?fingerprint=${encodeURIComponent(q.fingerprint)}`, title: 'Runs with this error' }, q.fingerprint) : null,
+      q.fingerprint ? [h('code.fingerprint', q.fingerprint), ' ', h('a', { href: `#/runs?fingerprint=${encodeURIComponent(q.fingerprint)}` }, 'its runs')] : null,
       ' · ', h('a', { href: `#/schedules?schedule=${q.schedule_id}` }, ctx.canOperate() ? 'Resume it on Schedules' : 'See Schedules'));
   }
 
@@ -137,21 +139,21 @@ export function mount(main, _route, ctx) {
     return h('span',
       statusBadge(run.status), ' ',
       h('a', { href: `#/runs/${run.run_id}` }, run.duration_ms !== null && run.duration_ms !== undefined ? duration(run.duration_ms) : 'details'),
-      ` · ${run.trigger || ''}${who} · `,
+      ` · ${triggerText(run.trigger)}${who} · `,
       timeEl(run.finished_at || run.queued_at));
   }
 
   function activeBlock(w) {
     const run = w.active;
-    const p = progressOf(run);
+    const p = progressOf(run, w.unit);
     const parts = [];
     parts.push(h('div.line',
       h('span', statusBadge(run.status), ' ', h('a', { href: `#/runs/${run.run_id}` }, `run ${shortId(run.run_id)}`),
-        h('span.muted', ` · ${run.trigger || ''}${run.requested_by ? ` by ${run.requested_by}` : ''} · `),
+        h('span.muted', ` · ${triggerText(run.trigger)}${run.requested_by ? ` by ${run.requested_by}` : ''} · `),
         timeEl(run.started_at || run.queued_at)),
       ctx.canOperate() && !run.cancel_requested_at ? cancelControl(run) : null));
     if (run.status === 'RUNNING') {
-      const label = p.total ? `${number(p.done)} of ${number(p.total)} ${p.unit}s` : `${number(p.done)} ${p.unit}s`;
+      const label = progressLabel(p);
       const pct = p.fraction === null ? null : Math.round(p.fraction * 100);
       parts.push(h('div.bar', {
         class: pct === null ? 'indeterminate' : '',
@@ -208,7 +210,7 @@ export function mount(main, _route, ctx) {
       announce(status === 'CANCELLED' ? 'The run was cancelled.' : 'Cancellation requested: the run stops at the next batch.');
     } catch (err) {
       announce(`Could not cancel: ${err.message}`);
-      replace(errorBox, h('div.notice.bad', { role: 'alert' }, `Could not cancel the run: ${err.message}`));
+      replace(errorBox, h('div.notice.bad', { role: 'alert', dataset: { transient: unreachable(err) } }, `Could not cancel the run: ${err.message}`));
     }
     ctx.poke();
   }
@@ -236,8 +238,8 @@ export function mount(main, _route, ctx) {
     if (w.engines.length > 0) fields.engine_name = field({ label: 'Engine', name: 'engine_name', control: engineSel });
     if (w.presets.length > 0) fields.preset = field({ label: 'Preset', name: 'preset', control: presetSel });
     fields.db_batch_size = field({
-      label: 'Batch size', name: 'db_batch_size',
-      hint: `${BATCH_MIN}–${BATCH_MAX}`,
+      label: 'Database batch', name: 'db_batch_size',
+      hint: `${w.unit}s read and committed together, from ${BATCH_MIN} to ${number(BATCH_MAX)}`,
       control: h('input', { type: 'number', inputmode: 'numeric', min: BATCH_MIN, max: BATCH_MAX, step: 1, placeholder: w.batchSize ?? '' }),
     });
     const workerOptions = optionFields(w.options, 'options');
