@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from scrinalia.domains.archive.ledger import BATCH_SIZE_MAX, BATCH_SIZE_MIN
 
 RunStatus = Literal["QUEUED", "RUNNING", "SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED"]
-RunTrigger = Literal["CLI", "API", "SCHEDULE"]
+RunTrigger = Literal["CLI", "API", "SCHEDULE", "PANEL"]  # PANEL: the panel (cookie session)
 Role = Literal["ADMIN", "CURATOR", "VIEWER"]
 
 

@@ -51,6 +51,12 @@ class Principal:
     def label(self) -> str:
         return self.session.user.email
 
+    @property
+    def trigger(self) -> str:
+        """The ledger's trigger of a run this principal enqueues: PANEL for the browser's cookie session
+        (the panel is what logs in with the cookie), API for a bearer token (a script). Decision 0323."""
+        return "PANEL" if self.via == "cookie" else "API"
+
 
 def optional_principal(
     request: Request,

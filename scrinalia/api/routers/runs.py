@@ -133,8 +133,9 @@ def retry_run(run_id: uuid.UUID, request: Request, principal: Principal = Depend
                        "is retried", run=views.run_json(run))
     try:
         clean = validate_run_request(c.catalogue, c.engine, run.worker_name, run.request or {})
-        retry = ledger.enqueue(c.engine, run.worker_name, clean, trigger="API", requested_by=principal.label,
-                               requested_by_user_id=principal.user.id, attempt=run.attempt + 1,
+        retry = ledger.enqueue(c.engine, run.worker_name, clean, trigger=principal.trigger,
+                               requested_by=principal.label, requested_by_user_id=principal.user.id,
+                               attempt=run.attempt + 1,
                                retry_of=run.run_id)
     except InvalidRunRequest as exc:
         raise field_errors({exc.field: exc.message}) from None

@@ -94,7 +94,7 @@ def enqueue_run(request: Request, body: RunRequestIn | None = None, name: str = 
     try:
         clean = catalogue_view.validate_run_request(spec, c.engine, payload)
         run = ledger.enqueue(
-            c.engine, name, clean, trigger="API", requested_by=principal.label,
+            c.engine, name, clean, trigger=principal.trigger, requested_by=principal.label,
             requested_by_user_id=principal.user.id,
         )
     except InvalidRunRequest as exc:
