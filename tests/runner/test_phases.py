@@ -137,3 +137,222 @@ def test_a_run_s_end_asks_for_a_claim_and_an_abandoned_one_for_a_beat_through_re
     effects.apply(child, child.state.closed())
     assert child.pid not in children and requests.claim and requests.beat and requests.held is None
     assert run.run_id in finisher.abandoned
+
+
+# --- the small phases, each from its own collaborators ---------------------------------------------------
+
+
+def test_the_watchdog_phase_pings_systemd_at_half_its_timeout(tmp_path):
+    """A real notify socket (what systemd reads): WATCHDOG=1 at start, then once per interval, never between."""
+    import socket
+
+    from runner.sdnotify import Notifier
+    from runner.supervisor import Watchdog
+
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as systemd:
+        systemd.bind(path)
+        systemd.setblocking(False)
+        clock = ManualClock()
+        watchdog = Watchdog(clock, Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000"}))
+
+        def pings() -> list[bytes]:
+            got = []
+            while True:
+                try:
+                    got.append(systemd.recv(256))
+                except BlockingIOError:
+                    return got
+
+        watchdog.run()
+        assert pings() == [b"WATCHDOG=1"] and watchdog.due() == [clock.now + 1.0]
+        clock.now += 0.9
+        watchdog.run()
+        assert pings() == []
+        clock.now += 0.2
+        watchdog.run()
+        assert pings() == [b"WATCHDOG=1"]
+    assert Watchdog(clock, Notifier({})).due() == []  # not under systemd: never due
+
+
+def test_the_title_phase_sets_the_process_title_only_when_the_status_changes():
+    from runner.supervisor import Title
+
+    status, titles = ["running: 0/1 busy"], list[str]()
+    title = Title("gpu-a", lambda: status[0], titles.append)
+    title.run()
+    title.run()
+    status[0] = "draining: 1/1 busy"
+    title.run()
+    assert titles == ["scrinalia-runner: supervisor gpu-a [running: 0/1 busy]",
+                      "scrinalia-runner: supervisor gpu-a [draining: 1/1 busy]"]
+    assert title.due() == []
+
+
+def test_the_control_phase_answers_a_waiting_client_on_a_real_socket(tmp_path):
+    import threading
+
+    from runner.control import ControlServer, query
+    from runner.supervisor import ControlPhase
+
+    db = MemoryDatabase(clock=lambda: T0)
+    clock, runner_id = ManualClock(), uuid.uuid4()
+    db.session(lock_timeout_s=1).register(_registration(runner_id))
+    _, lease, _ = _phases(db, clock, runner_id)
+    server = ControlServer(tmp_path / "control.sock")
+    server.open()
+    asked: list[dict[str, Any]] = []
+    answers: list[dict[str, Any]] = []
+    try:
+        def answer(request: dict[str, Any]) -> dict[str, Any]:
+            asked.append(request)
+            return {"state": "running"}
+
+        phase = ControlPhase(server, answer, lease)
+        client = threading.Thread(target=lambda: answers.append(query(server.path, {"command": "status"})))
+        client.start()
+        while client.is_alive():
+            phase.run()
+            client.join(0.01)
+    finally:
+        server.close()
+    assert asked == [{"command": "status"}] and answers == [{"state": "running"}]
+
+
+class Announcements:
+    """The wakeup port as the LISTEN connection fills it: what was announced since the last read."""
+
+    def __init__(self) -> None:
+        self.claim = False
+        self.cancelled: set[uuid.UUID] = set()
+
+    def read(self, now: float) -> Any:
+        from types import SimpleNamespace
+
+        news = SimpleNamespace(claim=self.claim, cancelled=set(self.cancelled))
+        self.claim, self.cancelled = False, set()
+        return news
+
+    def due_at(self) -> float:
+        return 1e9
+
+
+def test_the_wakeup_phase_turns_announcements_into_requests_and_calls_no_phase():
+    from runner.lease import Notifications
+
+    clock, requests, port = ManualClock(), Requests(), Announcements()
+    phase = Notifications(clock, port, {}, requests)
+    phase.run()
+    assert not requests.pending()
+    port.claim = True
+    phase.run()
+    assert requests.claim and not requests.beat
+    requests.claim = False
+    port.cancelled = {uuid.uuid4()}  # a cancel for a run this runner does not hold: nothing to beat for
+    phase.run()
+    assert not requests.pending() and phase.due() == [1e9]
+
+
+def test_the_progress_phase_writes_changed_progress_once_per_interval():
+    from types import SimpleNamespace
+
+    from runner.lease import ProgressWriter
+    from runner.timings import PROGRESS_INTERVAL
+
+    db = MemoryDatabase(clock=lambda: T0)
+    clock, runner_id = ManualClock(), uuid.uuid4()
+    session = db.session(lock_timeout_s=1)
+    session.register(_registration(runner_id))
+    session.enqueue("w", {})
+    run = session.claim_next(runner_id, ["w"], 4.0)
+    assert run is not None
+    link = LedgerLink(db.session(lock_timeout_s=1))
+    state = SimpleNamespace(alive=True)
+    child = SimpleNamespace(run=run, progress={"done": 1, "total": 4}, progress_written=None, state=state)
+    phase = ProgressWriter(clock, link, runner_id, {1: cast(Any, child)})
+    assert phase.due() == [0.0]
+    phase.run()
+    assert link.statements == {"record_progress": 1} and child.progress_written == {"done": 1, "total": 4}
+    assert phase.due() == []  # nothing new to write
+    child.progress = {"done": 2, "total": 4}
+    phase.run()  # changed, but within the interval: not yet
+    assert link.statements == {"record_progress": 1}
+    clock.now += PROGRESS_INTERVAL
+    phase.run()
+    assert link.statements == {"record_progress": 2}
+    assert db.session(lock_timeout_s=1).get_run(run.run_id).progress == {"done": 2, "total": 4}
+
+
+def _effects(clock: ManualClock, children: dict[int, Any]) -> tuple[Effects, Drain]:
+    db = MemoryDatabase(clock=lambda: T0)
+    timings = RunnerOptions(name="t", heartbeat_seconds=1.0, lease_seconds=4.0, max_runtime=5.0,
+                            kill_grace=2.0).validate().timings
+    link = LedgerLink(db.session(lock_timeout_s=1))
+    finisher = Finisher(clock, link, uuid.uuid4(), timings, "spawn", SystemProcesses())
+    effects = Effects(clock, children, SystemProcesses(), finisher, timings, Conversation(clock, timings, None),
+                      Requests())
+    return effects, Drain(clock, timings.drain_timeout, None, lambda: len(children))
+
+
+def test_the_children_phase_reads_what_a_child_says_over_its_channel():
+    import socket
+    from types import SimpleNamespace
+
+    from runner import wire
+    from runner.children import Child
+    from runner.run_state import RunPhase
+    from runner.tending import ChildMessages
+
+    clock, children = ManualClock(), dict[int, Any]()
+    effects, _ = _effects(clock, children)
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)  # as the supervisor keeps it: the loop never waits on one child
+    child = Child(run=cast(Any, SimpleNamespace(run_id=uuid.uuid4(), worker_name="w")), pid=1, channel=ours,
+                  output_fd=None, claimed_at=clock.now)
+    children[child.pid] = child
+    phase = ChildMessages(children, effects)
+    wire.send(theirs, "started", {"t": clock.now})
+    wire.send(theirs, "progress", {"done": 3, "total": 10})
+    phase.run()
+    assert child.state.phase is RunPhase.RUNNING and child.progress == {"done": 3, "total": 10}
+    wire.send(theirs, "result", {"status": "SUCCESS"})
+    theirs.close()
+    phase.run()
+    assert child.state.phase is RunPhase.FINISHING and child.state.channel_closed and child.pid in children
+    ours.close()
+
+
+def test_the_deadlines_phase_kills_a_run_past_its_max_runtime():
+    """A real process in its own group, deaf to SIGTERM: SIGKILLed once --max-runtime has passed."""
+    import signal
+    import socket
+    import subprocess
+    from types import SimpleNamespace
+
+    from runner.children import Child
+    from runner.tending import Deadlines
+
+    clock, children = ManualClock(), dict[int, Any]()
+    effects, drain = _effects(clock, children)
+    process = subprocess.Popen(["python3", "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
+                               start_new_session=True, stdout=subprocess.PIPE)
+    assert process.stdout is not None and process.stdout.readline() == b"ready\n"  # SIGTERM is ignored from now
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    child = Child(run=cast(Any, SimpleNamespace(run_id=uuid.uuid4(), worker_name="w")), pid=process.pid,
+                  channel=ours, output_fd=None, claimed_at=clock.now)
+    child.state.started(clock.now)
+    children[child.pid] = child
+    phase = Deadlines(clock, children, effects, SystemProcesses(), effects.timings, drain)
+    assert min(phase.due()) == clock.now + 5.0
+    clock.now += 5.0
+    clock.now += 4.9
+    phase.run()
+    assert process.poll() is None
+    clock.now += 0.1
+    phase.run()
+    assert process.wait(timeout=10) == -signal.SIGKILL and child.state.kill_reason == "timeout"
+    assert phase.due() == []  # killed: only its exit is awaited
+    ours.close()
+    theirs.close()
