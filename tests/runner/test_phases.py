@@ -346,7 +346,6 @@ def test_the_deadlines_phase_kills_a_run_past_its_max_runtime():
     children[child.pid] = child
     phase = Deadlines(clock, children, effects, SystemProcesses(), effects.timings, drain)
     assert min(phase.due()) == clock.now + 5.0
-    clock.now += 5.0
     clock.now += 4.9
     phase.run()
     assert process.poll() is None
@@ -356,3 +355,66 @@ def test_the_deadlines_phase_kills_a_run_past_its_max_runtime():
     assert phase.due() == []  # killed: only its exit is awaited
     ours.close()
     theirs.close()
+
+
+class RefuseOnce:
+    """A session's statement hook (the simulator's): the first ``finish`` never reaches the server."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+
+    def before(self, session: Any, what: str) -> None:
+        from runner.memory_ledger import unreachable_error
+
+        if what == "finish" and not self.refused:
+            self.refused += 1
+            raise unreachable_error(what)
+
+    def after(self, session: Any, what: str) -> None:
+        return None
+
+
+def test_the_finishes_phase_writes_a_finish_the_database_did_not_take_once_it_answers_again():
+    db = MemoryDatabase(clock=lambda: T0)
+    clock, runner_id = ManualClock(), uuid.uuid4()
+    timings = RunnerOptions(name="t", heartbeat_seconds=1.0, lease_seconds=4.0).validate().timings
+    setup = db.session(lock_timeout_s=1)
+    setup.register(_registration(runner_id))
+    setup.enqueue("w", {})
+    run = setup.claim_next(runner_id, ["w"], 4.0)
+    assert run is not None
+    faults = RefuseOnce()
+    link = LedgerLink(db.session(lock_timeout_s=1, faults=faults))
+    finisher = Finisher(clock, link, runner_id, timings, "spawn", SystemProcesses())
+    finisher.start_failed(run, OSError("no fork"))
+    assert faults.refused == 1 and len(finisher.pending) == 1 and finisher.due() == []  # the database is down
+    link.call("heartbeat", link.ledger.heartbeat, runner_id, 4.0, progress={}, children=None)  # it answers
+    assert finisher.due() == [clock.now]
+    finisher.run()
+    assert finisher.pending == [] and finisher.settled
+    final = db.session(lock_timeout_s=1).get_run(run.run_id)
+    assert final.status == "FAILED" and final.exit_reason == "exception"
+
+
+def test_the_signals_phase_begins_a_drain_on_sigterm_and_stops_at_once_on_a_second():
+    import os
+    import signal
+
+    from runner.signals import SignalPipe
+    from runner.supervisor import SignalPhase
+
+    clock, children = ManualClock(), dict[int, Any]()
+    effects, drain = _effects(clock, children)
+    pipe = SignalPipe()
+    pipe.install()
+    try:
+        phase = SignalPhase(pipe, "daemon", drain, children, effects, effects.finisher.db, "t")
+        os.kill(os.getpid(), signal.SIGTERM)  # waits in the self-pipe for the phase
+        assert not drain.draining
+        phase.run()
+        assert drain.draining and drain.reason == "SIGTERM received" and drain.deadline == clock.now + 120
+        os.kill(os.getpid(), signal.SIGTERM)
+        phase.run()
+        assert drain.deadline == clock.now  # a second TERM while draining: stop now
+    finally:
+        pipe.restore()
