@@ -458,6 +458,11 @@ def test_a_real_embedding_run_under_the_sandbox(runner_up: Deployment) -> None:
         "-u", "scrinalia-runner", "-p", "warning")
     for refusal in ("Read-only file system", "Permission denied", "not writable", "Errno 30", "Errno 13"):
         assert refusal not in logged, logged[-3000:]
-    written = deployed.sh("find /var/cache/scrinalia-runner /var/lib/scrinalia-runner -newer /etc/hostname "
-                          "-type f 2>/dev/null | head -20", check=False).stdout
-    print("files the run wrote under the unit's directories:", written or "none")
+    # Where the libraries would write: the unit's CacheDirectory= and StateDirectory=, the service user's.
+    listed = deployed.show("scrinalia-runner", "Environment")["Environment"].split()
+    environ = {name: value for name, _, value in (item.partition("=") for item in listed)
+               if name in ("HF_HOME", "XDG_CACHE_HOME", "HOME")}
+    assert environ == {"HF_HOME": "/var/cache/scrinalia-runner/huggingface",
+                       "XDG_CACHE_HOME": "/var/cache/scrinalia-runner", "HOME": "/var/lib/scrinalia-runner"}, environ
+    owners = deployed.sh("stat -c '%U %a' /var/cache/scrinalia-runner /var/lib/scrinalia-runner").stdout.split("\n")
+    assert owners[:2] == ["scrinalia 700", "scrinalia 700"], owners
