@@ -74,6 +74,12 @@ def under_journal(environ: Mapping[str, str] | None = None, stream: IO[Any] | No
     return (st.st_dev, st.st_ino) == (int(device), int(inode))
 
 
+def priority_line(text: str, levelno: int = logging.ERROR, environ: Mapping[str, str] | None = None) -> str:
+    """A line written straight to stderr (a refusal before logging is set up): with its ``<N>`` priority
+    prefix under systemd, so the journal files it as ``err``; unchanged elsewhere."""
+    return f"<{syslog_priority(levelno)}>{text}" if under_journal(environ) else text
+
+
 def journal_fields(record: logging.LogRecord, message: str, identifier: str) -> dict[str, str]:
     """The native-protocol fields of one record."""
     fields = {

@@ -48,6 +48,7 @@ def run(interval: float) -> None:
     from scrinalia.scheduler.service import Scheduler
 
     setup_logging(logging.INFO, "scrinalia-scheduler", plain_format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin set-up lines are not the scheduler's news
     engine = _engine()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -12,6 +12,7 @@ import click
 from sqlalchemy import Engine
 
 from scrinalia.db import migrate
+from scrinalia.journal import priority_line
 
 
 def require_head_or_exit(engine: Engine, component: str) -> str:
@@ -20,5 +21,5 @@ def require_head_or_exit(engine: Engine, component: str) -> str:
         with engine.connect() as conn:
             return migrate.require_head(conn, component)
     except migrate.SchemaMismatch as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(priority_line(f"error: {exc}"), err=True)
         raise SystemExit(exc.exit_code) from None
