@@ -24,7 +24,8 @@ install: $(STAMP)
 
 # Debian packages the tests drive: PostgreSQL's server binaries (the throwaway test cluster), chromium
 # (the panel's browser tests), libfaketime (the wrong-clock test) and nftables (the runner's partition
-# tests drop packets on the test cluster's port), and promtool (`promtool check rules` of
+# tests drop packets on the test cluster's port), systemd-container (systemd-nspawn: tests/systemd boots a
+# container with systemd as PID 1 on a root of its own), and promtool (`promtool check rules` of
 # ops/prometheus/alerts.yml; Debian ships it only in the `prometheus` package: ~19 MB to download, ~96 MB
 # installed, and it brings the Prometheus server's unit, which a systemd host starts; installed without
 # its recommends, so without the node exporter). Installed only when missing.
@@ -35,6 +36,7 @@ system-deps:
 	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
 	command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
 	{ command -v pgbouncer || test -x /usr/sbin/pgbouncer; } >/dev/null 2>&1 || missing="$$missing pgbouncer"; \
+	command -v systemd-nspawn >/dev/null 2>&1 || missing="$$missing systemd-container"; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

@@ -59,9 +59,10 @@ def _wait_serving(engine, names: list[str], timeout: float = 180.0) -> None:
     raise RuntimeError("the runners do not serve")
 
 
-def pickup_latency(url, engine, tmp, listen: bool, samples: int) -> tuple[list[float], list[float], list[float]]:
-    name = f"pickup-{'listen' if listen else 'poll'}"
-    flags = [*DEFAULT_CADENCE, "--capabilities", "bench-stamp", "--listen" if listen else "--no-listen"]
+def pickup_latency(url, engine, tmp, listen: bool, samples: int,
+                   extra: tuple[str, ...] = ()) -> tuple[list[float], list[float], list[float]]:
+    name = f"pickup-{'listen' if listen else 'poll'}{'-' + extra[0].strip('-') if extra else ''}"
+    flags = [*DEFAULT_CADENCE, "--capabilities", "bench-stamp", "--listen" if listen else "--no-listen", *extra]
     daemon = Daemon(url, tmp, name, *flags)
     try:
         _wait_serving(engine, [name])

@@ -7,6 +7,9 @@ Reuses the measurements of ``bench_live`` and ``bench_runner`` on one throwaway 
 2. child-ready latency of the preloaded fork server (claim -> the worker's code running);
 3. crash-detection latency (SIGKILL of a running child -> its row FAILED).
 
+With a standby child (decision 0341, the default) and without (``--no-standby``), in one run, alternating
+sample by sample is not possible (one daemon each), so the two daemons run one after the other.
+
 Run:  .venv/bin/python bench/bench_pickup.py [--pickup-samples 15] [--ready-samples 15] [--crash-samples 10]
       [--pickup-only]
 """
@@ -46,10 +49,11 @@ def main() -> None:
     with bench_database("bench_pickup") as url, tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         engine = create_engine_from_url(url)
-        measured: Any = pickup_latency(url, engine, tmp, True, args.pickup_samples)  # three lists
-        first_line, claim, ready = measured
-        results["pickup_ms"] = {**_summary(first_line), "claim_p50": round(percentile(claim, 0.5), 1),
-                                "child_ready_p50": round(percentile(ready, 0.5), 1)}
+        for label, extra in (("pickup_ms", ()), ("pickup_ms_no_standby", ("--no-standby",))):
+            measured: Any = pickup_latency(url, engine, tmp, True, args.pickup_samples, extra)  # three lists
+            first_line, claim, ready = measured
+            results[label] = {**_summary(first_line), "claim_p50": round(percentile(claim, 0.5), 1),
+                              "child_ready_p50": round(percentile(ready, 0.5), 1)}
         if args.pickup_only:
             engine.dispose()
             print(json.dumps(results, indent=2))

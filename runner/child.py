@@ -33,12 +33,12 @@ from typing import Any, NoReturn
 
 from runner import procinfo, wire
 from runner.outcome import fit_error, format_error
+from runner.timings import CHILD_PROGRESS_INTERVAL
 from scrinalia.domains.archive.run_ids import short_id
 
 PR_SET_PDEATHSIG = 1
 EXIT_ORPHANED = 76   # the parent was already gone at start, or went away
 EXIT_INTERNAL = 70   # the child's own machinery failed
-PROGRESS_INTERVAL = 0.1
 CHILD_OOM_SCORE_ADJ = 500
 
 
@@ -100,6 +100,49 @@ def preload_modules(names: tuple[str, ...] | list[str]) -> list[str]:
     return loaded
 
 
+def rehearse() -> None:
+    """What a standby child does while it waits (decision 0341): the steps of a run's start that need no
+    assignment, once, on throwaway objects. After a fork every page a process writes is copied on first
+    write (its objects' reference counts included); the first engine of a child paid ~900 of those
+    copies (~12 ms on the project's VM, 0.9 ms once rehearsed). Nothing here connects anywhere."""
+    import pickle
+
+    from scrinalia.db.engine import ServerFacts, create_engine_from_url
+
+    facts = ServerFacts(server_version_info=(16, 0), default_schema_name="public",
+                        default_isolation_level="READ COMMITTED", backslash_escapes=False)
+    engine = create_engine_from_url("postgresql+psycopg://rehearsal@rehearsal.invalid/rehearsal",
+                                    application_name="scrinalia-runner-child", pool_size=2, max_overflow=4,
+                                    server_facts=ServerFacts.from_json(facts.to_json()))
+    engine.dispose()
+    pickle.loads(pickle.dumps({"run": None, "config": None, "env": {}, "preload": []}))
+    thread = threading.Thread(target=lambda: None, name="rehearsal", daemon=True)
+    thread.start()
+    thread.join()
+
+
+# A standby child's engine, built before its run arrived (``prepare_engine``): (the parameters, the engine).
+_PREPARED: tuple[dict[str, Any], Any] | None = None
+ENGINE_FIELDS = ("database_url", "connect_args", "server_facts")
+
+
+def prepare_engine(how: dict[str, Any]) -> None:
+    """Build, ahead, the engine an assignment with these ``ENGINE_FIELDS`` would (it connects on its
+    first statement only): the run's start then skips it (decision 0341)."""
+    global _PREPARED
+    if _PREPARED is not None:
+        _PREPARED[1].dispose()
+    _PREPARED = (dict(how), _engine(how))
+
+
+def _prepared_engine(assign: dict[str, Any]) -> Any | None:
+    """The prepared engine if the assignment reaches the database the same way, else None."""
+    if _PREPARED is None:
+        return None
+    how, engine = _PREPARED
+    return engine if all(how.get(k) == assign.get(k) for k in ENGINE_FIELDS) else None
+
+
 # --- the link to the parent (the SDK's ChildChannel) ------------------------------------------------
 
 
@@ -128,7 +171,7 @@ class ParentLink:
         self.progress = dict(progress)
         now = time.monotonic()
         done, total = self.progress.get("done"), self.progress.get("total")
-        if now - self._last_sent >= PROGRESS_INTERVAL or (total is not None and done == total):
+        if now - self._last_sent >= CHILD_PROGRESS_INTERVAL or (total is not None and done == total):
             self._last_sent = now
             self.send("progress", self.progress)
             self.retitle()
@@ -185,6 +228,11 @@ def _metrics(started: float | None, done: int) -> dict[str, Any]:
         elapsed = time.monotonic() - started
         metrics["worker_seconds"] = round(elapsed, 3)
         metrics["units_per_second"] = round(done / elapsed, 3) if elapsed > 0 and done else None
+    warm = sys.modules.get("scrinalia.domains.archive.workers.engines.warm")
+    if warm is not None and warm.LOADS:
+        # Each model the engine loaded, warm (inherited from the fork server) or cold (from disk); the
+        # supervisor asks the fork server to warm a cold one and keeps only warm/seconds in the row.
+        metrics["model_loads"] = list(warm.LOADS)
     torch = sys.modules.get("torch")
     try:
         if torch is not None and torch.cuda.is_initialized():
@@ -259,7 +307,8 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
 
     from scrinalia.domains.archive.workers.sdk import RunContext
 
-    engine = _engine(assign)
+    prepared = _prepared_engine(assign)
+    engine = prepared or _engine(assign)
     resolved = assign["config"]  # the supervisor's resolution, already in the row (record_start)
     link.batch_size = resolved.db_batch_size
     link.watch_parent()
@@ -273,7 +322,7 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
         # The worker's own stall timeout, if it declares one (runner.stall); None: the runner's.
         link.send("started", {"t": started, "stall_timeout": getattr(spec, "stall_timeout", None)})
         ending = _run_worker(spec, ctx)
-    _report(link, ending, started, ctx.done)
+    _report(link, ending, started, ctx.done, engine_ahead=prepared is not None)
     engine.dispose()
     return 0 if ending.status in ("SUCCESS", "CANCELLED") else 1
 
@@ -315,7 +364,7 @@ def _run_worker(spec: Any, ctx: Any) -> Ending:
                       reason="configuration" if isinstance(exc, InvalidRunRequest) else None)
 
 
-def _report(link: ParentLink, ending: Ending, started: float | None, done: int) -> None:
+def _report(link: ParentLink, ending: Ending, started: float | None, done: int, engine_ahead: bool = False) -> None:
     link.send("result", {
         "status": ending.status,
         "result": _json_safe(ending.result),
@@ -323,7 +372,7 @@ def _report(link: ParentLink, ending: Ending, started: float | None, done: int) 
         "reason": ending.reason,
         "lease_lost": ending.lease_lost,
         "progress": link.progress,
-        "metrics": _metrics(started, done),
+        "metrics": {**_metrics(started, done), **({"engine_ahead": True} if engine_ahead else {})},
     })
 
 

@@ -23,6 +23,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from runner import wire
+from runner.child import ENGINE_FIELDS
 from runner.children import Child
 from runner.devices import Placement, child_env
 from runner.drain import Drain
@@ -38,6 +39,7 @@ from runner.timings import SPAWN_WAIT_MIN, Timings
 from scrinalia.db.engine import ServerFacts
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.workers.sdk import DatabaseLayer, PersistedSettings, ResolvedConfig
+from scrinalia.journal import run_fields
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -194,7 +196,7 @@ class Starts:
             os.close(out_r)
             if isinstance(exc, LauncherNotReady):
                 log.warning("run %s (%s): %s; it waits for the launcher (no worker code ran)",
-                            run.run_id, run.worker_name, exc)
+                            run.run_id, run.worker_name, exc, extra=run_fields(run))
                 self.waiting[run.run_id] = Waiting(run, resolved, claimed_at)
             else:
                 self.finisher.start_failed(run, exc)
@@ -208,13 +210,18 @@ class Starts:
                       if devices is not None and device is not None else None)
         child.resources.oom_kills_at_start = self.processes.oom_kill_counter()
         self.children[pid] = child
+        assignment = self._assignment(run, resolved, device)
         try:
-            wire.send(ours, "assign", self._assignment(run, resolved, device))
+            wire.send(ours, "assign", assignment)
         except OSError as exc:
-            log.error("run %s: the child %d did not take its assignment: %s", run.run_id, pid, exc)
+            log.error("run %s: the child %d did not take its assignment: %s", run.run_id, pid, exc,
+                      extra=run_fields(run))
+        prepare = getattr(self.launcher, "set_prepare", None)
+        if prepare is not None:  # the next standby child builds its engine ahead (decision 0341)
+            prepare({k: assignment[k] for k in ENGINE_FIELDS})
         ours.setblocking(False)
         log.info("run %s (%s) -> child %d%s", run.run_id, run.worker_name, pid,
-                 f" on GPU {device.key}" if device is not None else "")
+                 f" on GPU {device.key}" if device is not None else "", extra=run_fields(run))
         return child
 
     def _assignment(self, run: WorkerRun, resolved: ResolvedConfig, device: Any) -> dict[str, Any]:
@@ -303,7 +310,7 @@ class Poll:
             return
         for run in expired:
             log.warning("run %s (%s) of runner %s: lease expired -> INTERRUPTED", run.run_id,
-                        run.worker_name, run.runner_id)
+                        run.worker_name, run.runner_id, extra=run_fields(run))
 
     def _claim_while_free(self) -> None:
         """One claim per free slot, each one statement; the first empty answer ends the round."""

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
@@ -20,17 +20,12 @@ log = logging.getLogger("scrinalia.runner")
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
-        stream=sys.stderr,
-    )
+    """Plain lines on stderr; under systemd the journal, with priorities and the run's fields
+    (scrinalia.journal)."""
+    from scrinalia.journal import setup_logging as setup
+
+    setup(level, "scrinalia-runner")
     logging.getLogger("alembic").setLevel(logging.WARNING)
-
-
-def _fail(code: int, message: str) -> NoReturn:
-    click.echo(f"scrinalia-runner: {message}", err=True)
-    sys.exit(code)
 
 
 def _settings():
@@ -39,7 +34,7 @@ def _settings():
     try:
         return load_settings()
     except SettingsError as exc:
-        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+        opts.exit_with(opts.EXIT_USAGE, f"configuration error: {exc}")
 
 
 def _parent_settings():
@@ -50,12 +45,12 @@ def _parent_settings():
     try:
         forbid_heavy_imports()
     except HeavyImportForbidden as exc:
-        _fail(1, str(exc))
+        opts.exit_with(1, str(exc))
     settings = _settings()
     try:
         return settings, settings.runner_url()
     except Exception as exc:
-        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+        opts.exit_with(opts.EXIT_USAGE, f"configuration error: {exc}")
 
 
 @click.group()
@@ -110,6 +105,15 @@ def daemon_options(func):
                           "(WorkerSpec.stall_timeout). 0: never."),
         click.option("--preload", default=",".join(opts.DEFAULT_PRELOAD), show_default=True,
                      help="Modules the fork server imports once ('none' for nothing); skipped when not installed."),
+        click.option("--warm-models", default="auto", show_default=True,
+                     help="Models the fork server loads once on the CPU for its children (copy-on-write): "
+                          "auto (the bundled model when a worker that uses it is served and transformers is "
+                          "preloaded), none, or DIR[:DTYPE],... (decision 0340)."),
+        click.option("--warm-limit-mb", type=int, default=opts.DEFAULT_WARM_LIMIT_MB, show_default=True,
+                     help="MiB of warm models the fork server may hold (the oldest is dropped first); 0: none."),
+        click.option("--standby/--no-standby", default=True, show_default=True,
+                     help="The fork server keeps a child forked ahead, handed the next run directly "
+                          "(pick-up without the fork's time; decision 0341)."),
         click.option("--start-method", type=click.Choice(opts.START_METHODS), default="forkserver", show_default=True,
                      help="forkserver (children ready in milliseconds) or spawn (a fresh interpreter per child)."),
         click.option("--socket", "socket_path", type=click.Path(path_type=Path), default=None,
@@ -130,7 +134,8 @@ def daemon_command(**flags: Any) -> None:
 
 def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbeat, lease, poll, drain_timeout,
                max_runtime, cancel_grace, kill_grace, preload, start_method, socket_path, log_level,
-               listen=None, listen_poll=10.0, stall_timeout=opts.DEFAULT_STALL_TIMEOUT) -> int:
+               listen=None, listen_poll=10.0, stall_timeout=opts.DEFAULT_STALL_TIMEOUT, warm_models="auto",
+               warm_limit_mb=opts.DEFAULT_WARM_LIMIT_MB, standby=True) -> int:
     setup_logging(log_level)
     from runner.daemon import daemon_catalogue, daemon_control, daemon_engine, daemon_options_from, serve_daemon
 
@@ -139,6 +144,7 @@ def run_daemon(*, name, capabilities, concurrency, devices, per_device, heartbea
         heartbeat=heartbeat, lease=lease, poll=poll, drain_timeout=drain_timeout, max_runtime=max_runtime,
         cancel_grace=cancel_grace, kill_grace=kill_grace, preload=preload, start_method=start_method,
         socket_path=socket_path, listen=listen, listen_poll=listen_poll, stall_timeout=stall_timeout,
+        warm_models=warm_models, warm_limit_mb=warm_limit_mb, standby=standby,
     )
     settings, url = _parent_settings()
     catalogue, capabilities = daemon_catalogue(options)
@@ -213,7 +219,7 @@ def _status_engine() -> Any:
         return runner_engine(settings, application_name="scrinalia-runner-status", connect_args={
             "connect_timeout": 5, "options": "-c statement_timeout=10000 -c lock_timeout=5000"})
     except Exception as exc:
-        _fail(opts.EXIT_USAGE, f"configuration error: {exc}")
+        opts.exit_with(opts.EXIT_USAGE, f"configuration error: {exc}")
 
 
 def _registry_rows() -> list[Any]:
@@ -224,7 +230,7 @@ def _registry_rows() -> list[Any]:
     try:
         return registry.list_runners(engine)
     except database_errors() as exc:  # one line, never a traceback (exit 5)
-        _fail(opts.EXIT_DATABASE, database_problem(exc))
+        opts.exit_with(opts.EXIT_DATABASE, database_problem(exc))
     finally:
         engine.dispose()
 
@@ -246,10 +252,10 @@ def _local_answers(socket_path: Path | None, name: str | None) -> list[dict[str,
             answers.append(control.query(path, {"command": "status"}))
         except (OSError, ValueError) as exc:
             if socket_path is not None or name is not None:
-                _fail(1, f"no runner answers on {path} ({exc.__class__.__name__})")
+                opts.exit_with(1, f"no runner answers on {path} ({exc.__class__.__name__})")
             looked.append(f"{path}: does not answer ({exc.__class__.__name__})")
     if not answers:
-        _fail(1, "no runner answers; looked in " + "; ".join(looked)
+        opts.exit_with(1, "no runner answers; looked in " + "; ".join(looked)
               + " (use --socket PATH, or --all for the registry)")
     return answers
 
@@ -348,7 +354,7 @@ def _run_request(worker: str, engine_name: str | None, preset: str | None, db_ba
                                            f"{key.removeprefix('engine_options.')}=VALUE")
                 values[key] = option_from_text(spec, section, key, text, chosen)
             except InvalidRunRequest as exc:
-                _fail(opts.EXIT_USAGE, str(exc))
+                opts.exit_with(opts.EXIT_USAGE, str(exc))
             except ValueError as exc:
                 raise click.UsageError(str(exc)) from None
         request[section] = values
@@ -373,17 +379,17 @@ def _run_once(url: Any, settings: Any, worker: str, request: dict[str, Any], **k
         return run_once(url, worker, request, settings=settings, on_progress=bar.update, on_start=started,
                         handle_signals=True, **kwargs)
     except InvalidRunRequest as exc:  # UnknownWorker, UnknownOption, ... are InvalidRunRequest too
-        _fail(opts.EXIT_USAGE, str(exc))
+        opts.exit_with(opts.EXIT_USAGE, str(exc))
     except WorkerRunAlreadyActive as exc:
-        _fail(opts.EXIT_SLOT_BUSY, str(exc))
+        opts.exit_with(opts.EXIT_SLOT_BUSY, str(exc))
     except SchemaMismatch as exc:  # behind: exit 4; ahead of this runner: exit 7
-        _fail(exc.exit_code, str(exc))
+        opts.exit_with(exc.exit_code, str(exc))
     except OptionsError as exc:
-        _fail(opts.EXIT_USAGE, str(exc))
+        opts.exit_with(opts.EXIT_USAGE, str(exc))
     except SQLAlchemyError as exc:
-        _fail(opts.EXIT_DATABASE, database_problem(exc))
+        opts.exit_with(opts.EXIT_DATABASE, database_problem(exc))
     except KeyboardInterrupt:
-        _fail(opts.EXIT_CANCELLED, "interrupted before the run started")
+        opts.exit_with(opts.EXIT_CANCELLED, "interrupted before the run started")
     finally:
         bar.close()
 

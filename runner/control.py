@@ -12,8 +12,8 @@ JSON answer, then close:
     {"command": "drain"}     start a drain, as SIGTERM would
 
 The supervisor serves it from its own loop (the listening socket is in its ``select``). A client has
-``CLIENT_TIMEOUT`` in all (not per read: a client trickling one byte at a time is cut at the same
-moment), and one call serves at most ``SERVE_BUDGET`` seconds of clients, the rest waiting for the next
+``CONTROL_CLIENT_TIMEOUT`` in all (not per read: a client trickling one byte at a time is cut at the same
+moment), and one call serves at most ``CONTROL_SERVE_BUDGET`` seconds of clients, the rest waiting for the next
 tick, so no client can hold the loop past its self-fence (decision 0110).
 """
 from __future__ import annotations
@@ -29,10 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner.timings import CONTROL_CLIENT_MIN, CONTROL_CLIENT_TIMEOUT, CONTROL_SERVE_BUDGET
+
 log = logging.getLogger("scrinalia.runner.control")
 
-CLIENT_TIMEOUT = 0.5   # seconds one client may take, its whole request and answer
-SERVE_BUDGET = 0.5     # seconds of clients one serve_pending call serves
 MAX_REQUEST = 4096
 
 
@@ -98,11 +98,11 @@ class ControlServer:
         return self.sock.fileno() if self.sock is not None else None
 
     def serve_pending(self, handler: Callable[[dict[str, Any]], dict[str, Any]], until: float | None = None) -> None:
-        """Answer the clients waiting now, within ``SERVE_BUDGET`` and never past ``until`` (the caller's
+        """Answer the clients waiting now, within ``CONTROL_SERVE_BUDGET`` and never past ``until`` (the caller's
         self-fence point, CLOCK_MONOTONIC); those left wait for the next call."""
         if self.sock is None:
             return
-        budget_end = time.monotonic() + SERVE_BUDGET
+        budget_end = time.monotonic() + CONTROL_SERVE_BUDGET
         if until is not None:
             budget_end = min(budget_end, until)
         while time.monotonic() < budget_end:
@@ -119,8 +119,8 @@ class ControlServer:
     def _serve_one(self, conn: socket.socket, handler: Callable[[dict[str, Any]], dict[str, Any]],
                    until: float | None = None) -> None:
         def limit() -> float:
-            at = time.monotonic() + CLIENT_TIMEOUT
-            return at if until is None else max(min(at, until), time.monotonic() + 0.05)
+            at = time.monotonic() + CONTROL_CLIENT_TIMEOUT
+            return at if until is None else max(min(at, until), time.monotonic() + CONTROL_CLIENT_MIN)
 
         deadline = limit()
 
@@ -130,7 +130,7 @@ class ControlServer:
                 raise TimeoutError("the control client took too long")
             return remaining
 
-        conn.settimeout(CLIENT_TIMEOUT)
+        conn.settimeout(CONTROL_CLIENT_TIMEOUT)
         try:
             uid = _peer_uid(conn)
             if uid is not None and uid not in (os.getuid(), 0):

@@ -17,7 +17,8 @@ log = logging.getLogger("scrinalia.runner")
 def daemon_options_from(*, name, capabilities, concurrency, devices, per_device, heartbeat, lease, poll,
                            drain_timeout, max_runtime, cancel_grace, kill_grace, preload, start_method,
                            socket_path, listen, listen_poll,
-                           stall_timeout=opts.DEFAULT_STALL_TIMEOUT) -> RunnerOptions:
+                           stall_timeout=opts.DEFAULT_STALL_TIMEOUT, warm_models="auto",
+                           warm_limit_mb=opts.DEFAULT_WARM_LIMIT_MB, standby=True) -> RunnerOptions:
     from runner.wakeup import listen_default
 
     try:
@@ -40,6 +41,9 @@ def daemon_options_from(*, name, capabilities, concurrency, devices, per_device,
             preload=opts.parse_list(preload),
             start_method=start_method,
             socket_path=socket_path or opts.default_socket_path(name),
+            warm_models=warm_models,
+            warm_limit_mb=warm_limit_mb,
+            standby=standby,
         ).validate()
     except OptionsError as exc:
         raise click.UsageError(str(exc)) from None
@@ -47,13 +51,12 @@ def daemon_options_from(*, name, capabilities, concurrency, devices, per_device,
 
 def daemon_catalogue(options: RunnerOptions) -> tuple[Any, list[str]]:
     """The catalogue (the supervisor resolves with it) and the workers this daemon claims."""
-    from runner.cli import _fail
     from scrinalia.domains.archive.workers.plugins import PluginError, load_catalogue
 
     try:
         catalogue = load_catalogue()
     except (PluginError, ImportError) as exc:
-        _fail(1, f"the worker catalogue cannot be loaded: {exc}")
+        opts.exit_with(1, f"the worker catalogue cannot be loaded: {exc}")
     if options.capabilities is None:
         capabilities = sorted(catalogue)
     else:
@@ -65,7 +68,7 @@ def daemon_catalogue(options: RunnerOptions) -> tuple[Any, list[str]]:
             )
         capabilities = list(options.capabilities)
     if not capabilities:
-        _fail(opts.EXIT_USAGE, "no worker to claim: the catalogue is empty and --capabilities is not set")
+        opts.exit_with(opts.EXIT_USAGE, "no worker to claim: the catalogue is empty and --capabilities is not set")
     return catalogue, capabilities
 
 
@@ -147,7 +150,11 @@ def serve_daemon(options: RunnerOptions, settings: Any, url: Any, database: tupl
         engine.dispose()
         raise
     if options.start_method == "forkserver":
-        launcher: Any = ForkServerLauncher(options.preload, title=f"scrinalia-runner: fork server {options.name}")
+        from runner.warm_models import warm_start
+
+        launcher: Any = ForkServerLauncher(options.preload, title=f"scrinalia-runner: fork server {options.name}",
+                                           warm=warm_start(options, catalogue, capabilities),
+                                           warm_limit=options.warm_limit_mb << 20, standby=options.standby)
     else:
         launcher = SpawnLauncher(preload=options.preload)
     sup = Supervisor(

@@ -5,13 +5,13 @@ import math
 import os
 import socket
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
 
 from runner import bounded
 from runner.options import RunnerOptions
+from runner.timings import ChildSessionBounds
 from scrinalia import __version__
 from scrinalia.db import migrate
 from scrinalia.db.engine import connect_args_for, create_engine_from_url
@@ -51,36 +51,6 @@ def parent_engine(url: DatabaseUrl | str, options: RunnerOptions, settings: Sett
     )
     bounded.install(engine, options.statement_seconds, options.connect_seconds)
     return engine
-
-
-@dataclass(frozen=True, slots=True)
-class ChildSessionBounds:
-    """The server-side bounds of a child's sessions, derived from the lease (decision 0101).
-
-    * ``statement_timeout`` = lease / 2: far longer than a normal batch write (milliseconds to a few
-      seconds), shorter than the lease, so a statement stuck behind anything ends before the run could
-      be expired and re-claimed elsewhere;
-    * ``lock_timeout`` = lease / 4: a lock wait is the usual way a statement gets stuck; it gives up
-      first, and the SDK tries the batch again (bounded by the lease);
-    * ``idle_in_transaction_session_timeout`` = lease / 2: a child frozen (SIGSTOP, a dead host) in the
-      middle of a batch loses its session, its transaction and its row locks before its lease ends, so
-      whoever re-claims the run never waits on them (the batch fence refuses the late COMMIT anyway).
-
-    The trade-off: a worker must not compute inside ``RunContext.commit`` (between its writes) for
-    lease / 2 or more; workers compute first and commit the results, which takes milliseconds."""
-
-    statement_timeout_ms: int
-    lock_timeout_ms: int
-    idle_in_transaction_timeout_ms: int
-
-    @classmethod
-    def for_lease(cls, lease_seconds: float) -> ChildSessionBounds:
-        lease_ms = max(1000, int(lease_seconds * 1000))
-        return cls(lease_ms // 2, lease_ms // 4, lease_ms // 2)
-
-    def options(self) -> str:
-        return (f"-c statement_timeout={self.statement_timeout_ms} -c lock_timeout={self.lock_timeout_ms}"
-                f" -c idle_in_transaction_session_timeout={self.idle_in_transaction_timeout_ms}")
 
 
 def child_connect_args(settings: Settings | None, options: RunnerOptions | None = None) -> dict[str, Any]:

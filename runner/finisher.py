@@ -29,6 +29,7 @@ from runner.ports import Clock, Processes
 from runner.run_state import Action
 from scrinalia.db.tables import ExitReason
 from scrinalia.domains.archive.ledger import WorkerRun
+from scrinalia.journal import run_fields
 
 if TYPE_CHECKING:
     from runner.children import Child
@@ -71,7 +72,7 @@ class Finisher:
         ex = child.state.exit
         assert ex is not None
         if action is Action.FORGET:
-            log.info("run %s: lost child %d %s", child.short_id, child.pid, ex.describe())
+            log.info("run %s: lost child %d %s", child.short_id, child.pid, ex.describe(), extra=run_fields(child.run))
             return False
         if action is Action.ABANDON:
             self.abandoned[child.run.run_id] = (child.run, SELF_FENCED)
@@ -122,25 +123,27 @@ class Finisher:
 
     def configuration_failed(self, run: WorkerRun, error: str) -> None:
         """The claimed run's request does not resolve here: FAILED ``configuration``, never retried."""
-        log.error("run %s (%s): %s", run.run_id, run.worker_name, error.splitlines()[0])
+        log.error("run %s (%s): %s", run.run_id, run.worker_name, error.splitlines()[0], extra=run_fields(run))
         self.write(run, Outcome(status="FAILED", exit_reason=ExitReason.CONFIGURATION, error=error))
 
     def start_failed(self, run: WorkerRun, exc: BaseException) -> None:
-        log.error("run %s (%s): could not start a child: %s", run.run_id, run.worker_name, brief(exc))
+        log.error("run %s (%s): could not start a child: %s", run.run_id, run.worker_name, brief(exc),
+                  extra=run_fields(run))
         self.write(run, Outcome(status="FAILED", exit_reason=ExitReason.EXCEPTION,
                                 error=fit_error(f"ChildStartFailed: {type(exc).__name__}: {exc}")))
 
     def not_started(self, run: WorkerRun, why: str) -> None:
         """A claimed run whose child the launcher never started, and the runner stops: INTERRUPTED
         ``runner-stopped`` (no worker code ran; a scheduled run is retried, decision 0136)."""
-        log.warning("run %s (%s): %s -> INTERRUPTED", run.run_id, run.worker_name, why)
+        log.warning("run %s (%s): %s -> INTERRUPTED", run.run_id, run.worker_name, why, extra=run_fields(run))
         self.write(run, Outcome(status="INTERRUPTED", exit_reason=ExitReason.RUNNER_STOPPED,
                                 error=fit_error(f"NotStarted: {why}; no worker code ran")))
 
     def lost(self, run: WorkerRun, why: str) -> None:
         """A run that is not ours any more: counted, nothing written."""
         self.counters["lost"] += 1
-        log.error("run %s (%s) lost: %s; nothing more is written for it", run.run_id, run.worker_name, why)
+        log.error("run %s (%s) lost: %s; nothing more is written for it", run.run_id, run.worker_name, why,
+                  extra=run_fields(run))
 
     def settle(self, held: Mapping[uuid.UUID, Any]) -> None:
         """The heartbeat's answer (the rows it renewed) settles the abandoned runs."""
@@ -148,12 +151,12 @@ class Finisher:
             del self.abandoned[run_id]
             if run_id in held:
                 log.warning("run %s (%s): still held after its child was stopped -> INTERRUPTED lease-lost",
-                            run_id, run.worker_name)
+                            run_id, run.worker_name, extra=run_fields(run))
                 self.write(run, Outcome(status="INTERRUPTED", exit_reason=ExitReason.LEASE_LOST, error=error))
             else:
                 self.counters["lost"] += 1
                 log.warning("run %s (%s) lost: not held any more (expired, or taken by another runner); "
-                            "nothing written", run_id, run.worker_name)
+                            "nothing written", run_id, run.worker_name, extra=run_fields(run))
 
     def run(self) -> None:
         if self.db.ok:
@@ -185,7 +188,11 @@ class Finisher:
             self.counters["lost"] += 1
             self.finished[run.run_id] = None
             log.warning("run %s (%s): finish touched no row (the lease was lost; another runner closed it); "
-                        "nothing written", run.run_id, run.worker_name)
+                        "nothing written", run.run_id, run.worker_name, extra=run_fields(run))
             return
         self.counters[row.status] = self.counters.get(row.status, 0) + 1
         self.finished[run.run_id] = row
+        # The run's last line: what an operator's `journalctl RUN_ID=<id>` ends on.
+        log.log(logging.INFO if row.status in ("SUCCESS", "CANCELLED") else logging.WARNING,
+                "run %s (%s) -> %s%s", run.run_id, run.worker_name, row.status,
+                f" {outcome.exit_reason}" if outcome.exit_reason is not None else "", extra=run_fields(run))

@@ -9,26 +9,23 @@
   request in it is handed to the child, and the answer settles the finisher's abandoned runs;
 * ``ProgressWriter``: ONE statement for every child whose progress changed, at most every
   PROGRESS_INTERVAL;
-* ``Notifications`` (phase ``wakeup``): a LISTEN notification makes the poll (or the heartbeat) due now.
+* ``Notifications`` (phase ``wakeup``): a LISTEN notification is a request for a claim (or a beat) now.
 """
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from runner.drain import Drain
 from runner.finisher import Finisher
 from runner.ledger_link import DatabaseDown, LedgerLink
-from runner.loop_state import PROGRESS_INTERVAL
+from runner.loop_state import Requests
 from runner.ports import Clock
-from runner.run_state import Phase
+from runner.run_state import RunPhase
 from runner.tending import Children, Effects, Sampler
-from runner.timings import Timings
-
-if TYPE_CHECKING:
-    from runner.claims import Poll, Starts
+from runner.timings import PROGRESS_INTERVAL, Timings
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -111,7 +108,6 @@ class Heartbeat:
         self.finisher = finisher
         self.drain = drain
         self.sampler = sampler
-        self.starts: Starts | None = None   # the claimed runs without a child yet (set by the supervisor)
         self.next_at = 0.0
         self.last_children: list[dict[str, Any]] | None = None  # the registry's snapshot, as last written
 
@@ -149,7 +145,7 @@ class Heartbeat:
 
     def _payload(self, now: float) -> tuple[dict[uuid.UUID, Any], list[dict[str, Any]]]:
         """The progress of every child whose row is still ours, and the registry's snapshot of them."""
-        live = [c for c in self.children.values() if c.state.phase is not Phase.LOST]
+        live = [c for c in self.children.values() if c.state.phase is not RunPhase.LOST]
         return {c.run.run_id: c.progress for c in live if c.progress}, [c.snapshot(now) for c in live]
 
     def _apply_held(self, held: Mapping[uuid.UUID, Any]) -> None:
@@ -163,8 +159,7 @@ class Heartbeat:
                                          "(expired or taken by another runner)")
             elif held[child.run.run_id] is not None and child.state.cancel_sent_at is None:
                 self.effects.request_cancel(child, "cancel requested")
-        if self.starts is not None:
-            self.starts.held(held)
+        self.effects.requests.held = held  # the claimed runs without a child yet check it (``Starts.held``)
         self.finisher.settle(held)
 
 
@@ -211,21 +206,20 @@ class Notifications:
 
     name = "wakeup"
 
-    def __init__(self, clock: Clock, wakeup: Any, children: Children, poll: Poll, beat_now: Callable[[], None]) -> None:
+    def __init__(self, clock: Clock, wakeup: Any, children: Children, requests: Requests) -> None:
         self.clock = clock
         self.wakeup = wakeup
         self.children = children
-        self.poll = poll
-        self.beat_now = beat_now
+        self.requests = requests
 
     def run(self) -> None:
         if self.wakeup is None:
             return
         news = self.wakeup.read(self.clock.monotonic())
-        if news.claim and self.poll.may_claim():  # busy, draining or fenced: the poll would claim nothing
-            self.poll.claim_now()
+        if news.claim:
+            self.requests.claim = True
         if any(c.run.run_id in news.cancelled and c.state.cancel_sent_at is None for c in self.children.values()):
-            self.beat_now()
+            self.requests.beat = True
 
     def due(self) -> list[float]:
         return [self.wakeup.due_at()] if self.wakeup is not None else []

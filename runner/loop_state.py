@@ -14,9 +14,6 @@ if TYPE_CHECKING:
     from runner.children import Child
     from runner.devices import DevicePlanner
 
-MAX_SELECT_WAIT = 1.0
-PROGRESS_INTERVAL = 0.5  # seconds between two progress statements: the panel sees progress within ~1 s
-NO_PIDFD_POLL = 0.1      # the loop's longest wait while children live and the kernel has no pidfd
 
 
 class Phase(Protocol):
@@ -31,6 +28,52 @@ class Phase(Protocol):
     def due(self) -> Iterable[float]:
         """The CLOCK_MONOTONIC moments at which ``run`` has something to do (empty: only on an event)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A phase's place in the loop: the phases it must follow in one tick, and why."""
+
+    name: str
+    after: tuple[str, ...]
+    why: str
+
+
+# The order of the loop, written once (``Supervisor`` builds its phase list from it; docs/architecture.md
+# shows it; tests/runner/test_phases.py checks that each phase follows what it names in ``after``).
+PHASE_ORDER: tuple[Position, ...] = (
+    Position("signals", (), "a TERM or INT begins the drain before anything is claimed or started this tick"),
+    Position("wakeup", (), "a notification becomes a claim or beat request before the phases that answer it"),
+    Position("fence", (), "past the fence point the children die before any phase sends a statement this tick"),
+    Position("children", ("fence",), "what a child said is read before its exit counts"),
+    Position("exits", ("children",), "an exit counts only after everything the child sent before it"),
+    Position("control", ("children", "exits"), "status answers with this tick's children and exits"),
+    Position("heartbeat", ("fence", "exits"), "its snapshot holds the live children only; its answer (lost rows, "
+             "cancels, a drain) is acted on before anything starts"),
+    Position("unstarted", ("heartbeat",), "a claimed run whose row the heartbeat did not renew is not started"),
+    Position("finishes", ("heartbeat", "exits"), "the heartbeat's answer settles the abandoned runs first"),
+    Position("progress", ("finishes",), "no progress is written for a run this tick finished"),
+    Position("deadlines", ("children",), "a message that postpones a deadline (a sign of life) is read first"),
+    Position("poll", ("signals", "heartbeat", "finishes", "unstarted"), "claims only into the slots this tick "
+             "freed, on a lease just renewed, never after a drain began this tick"),
+    Position("watchdog", ("poll",), "WATCHDOG=1 only from a loop that went through its phases"),
+    Position("title", ("poll",), "the title shows the state this tick left"),
+)
+
+
+@dataclass(slots=True)
+class Requests:
+    """What one phase wants of another. A phase never calls another phase: it writes its wish here, and the
+    loop reads the wishes after each phase and hands them to the phase they are for (River's maintenance
+    services talk only to their driver). So each phase can be built and tested alone, and nothing runs
+    inside another phase's step."""
+
+    claim: bool = False   # a slot became free, or a QUEUED run was announced: the poll claims at its turn
+    beat: bool = False    # a run was abandoned, or a cancel was announced: the heartbeat beats at its turn
+    held: Mapping[Any, Any] | None = None  # the rows the last heartbeat renewed: the unstarted claims check them
+
+    def pending(self) -> bool:
+        return self.claim or self.beat or self.held is not None
 
 
 @dataclass(slots=True)

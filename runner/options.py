@@ -2,19 +2,12 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
-from runner.timings import (  # noqa: F401 - the constants' old home
-    CONNECT_MAX,
-    MIN_FENCE_MARGIN,
-    MIN_STATEMENT_SECONDS,
-    SERVER_SHARE,
-    SPAWN_ANSWER_SECONDS,
-    STATEMENT_FLOOR,
-    STATEMENT_MAX,
-    Timings,
-)
+from runner.timings import MIN_FENCE_MARGIN, MIN_STATEMENT_SECONDS, Timings
 
 # Exit codes of `scrinalia-runner daemon` and `scrinalia-runner run` (docs/operations.md, "Runner").
 EXIT_OK = 0
@@ -27,9 +20,18 @@ EXIT_ALREADY_RUNNING = 6   # daemon: a live supervisor already answers on this c
 EXIT_SCHEMA_AHEAD = 7      # the database's alembic_version is a revision this runner does not know: upgrade it
 EXIT_CANCELLED = 130       # run: the run ended CANCELLED (or was interrupted by a second Ctrl-C)
 
+
+def exit_with(code: int, message: str) -> NoReturn:
+    """End a command with one of the codes above and one line on stderr saying why (what systemd's journal
+    and an operator's terminal show)."""
+    print(f"scrinalia-runner: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
 DEFAULT_PRELOAD = ("torch", "transformers")
 DEFAULT_STALL_TIMEOUT = 600.0  # a child silent (no message, no CPU) this long is stalled: fits a slow GPU batch
 START_METHODS = ("forkserver", "spawn")
+DEFAULT_WARM_LIMIT_MB = 4096
+WARM_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class OptionsError(ValueError):
@@ -56,6 +58,9 @@ class RunnerOptions:
     devices: str = "auto"   # auto | none | a comma-separated list of indexes or UUIDs (runner.devices)
     per_device: int = 1     # children sharing one device
     stall_timeout: float = DEFAULT_STALL_TIMEOUT  # 0: never (a worker's WorkerSpec.stall_timeout wins)
+    warm_models: str = "auto"  # auto | none | DIR[:DTYPE],... (runner.warm_models, decision 0340)
+    warm_limit_mb: int = DEFAULT_WARM_LIMIT_MB  # what the fork server may hold of warm models
+    standby: bool = True  # the fork server keeps a child forked ahead (decision 0341)
 
     def validate(self) -> RunnerOptions:
         if not self.name or not self.name.strip():
@@ -80,6 +85,13 @@ class RunnerOptions:
             parse_devices(self.devices)
         except DeviceError as exc:
             raise OptionsError(str(exc)) from None
+        if self.warm_limit_mb < 0:
+            raise OptionsError(f"--warm-limit-mb must not be negative (0: no model warm), got {self.warm_limit_mb}")
+        for item in self.warm_models.split(","):
+            dtype = item.strip().partition(":")[2]
+            if self.warm_models.strip() not in ("auto", "none") and dtype and dtype not in WARM_DTYPES:
+                raise OptionsError(f"--warm-models: {item.strip()!r}: the dtype must be one of "
+                                   f"{', '.join(WARM_DTYPES)}")
         if self.start_method not in START_METHODS:
             raise OptionsError(f"--start-method must be one of {', '.join(START_METHODS)}")
         return self

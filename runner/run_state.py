@@ -27,11 +27,10 @@ from typing import Any
 
 from runner import outcome
 from runner.launchers import ChildExit
+from runner.timings import EOF_GRACE
 
-EOF_GRACE = 2.0  # seconds the finisher waits for a child's channel to close after its exit was reported
 
-
-class Phase(StrEnum):
+class RunPhase(StrEnum):
     STARTING = "starting"    # the child was started; its worker has not said "started" yet
     RUNNING = "running"      # the worker's code runs
     FINISHING = "finishing"  # it sent its result; its exit is awaited
@@ -79,7 +78,7 @@ class RunState:
     """One run's phase and everything its outcome and deadlines are decided from."""
 
     claimed_at: float                          # CLOCK_MONOTONIC, just after the claim returned
-    phase: Phase = Phase.STARTING
+    phase: RunPhase = RunPhase.STARTING
     ready_at: float | None = None              # the worker's code started (the child's CLOCK_MONOTONIC)
     result: dict[str, Any] | None = None       # what the child reported, once
     result_at: float | None = None
@@ -95,15 +94,15 @@ class RunState:
 
     def started(self, ready_at: float) -> list[Effect]:
         self.ready_at = ready_at
-        if self.phase is Phase.STARTING:
-            self.phase = Phase.RUNNING
+        if self.phase is RunPhase.STARTING:
+            self.phase = RunPhase.RUNNING
         return []
 
     def reported(self, result: dict[str, Any], now: float) -> list[Effect]:
         if self.result is None:
             self.result, self.result_at = result, now
-            if self.phase in (Phase.STARTING, Phase.RUNNING):
-                self.phase = Phase.FINISHING
+            if self.phase in (RunPhase.STARTING, RunPhase.RUNNING):
+                self.phase = RunPhase.FINISHING
         return []
 
     # --- what the supervisor decides ---------------------------------------------------------------
@@ -116,7 +115,7 @@ class RunState:
 
     def stop(self, sig: int, reason: str | None, now: float) -> list[Effect]:
         """Signal the child (``reason``: the supervisor's, kept for the outcome; the first one wins)."""
-        if self.phase is Phase.ENDED:
+        if self.phase is RunPhase.ENDED:
             return []
         if reason is not None and self.kill_reason is None:
             self.kill_reason = reason
@@ -125,22 +124,22 @@ class RunState:
         self.signals_sent.add(sig)
         if sig == signal.SIGTERM:
             self.term_sent_at = now
-        if self.phase not in (Phase.LOST, Phase.FENCED):
-            self.phase = Phase.STOPPING
+        if self.phase not in (RunPhase.LOST, RunPhase.FENCED):
+            self.phase = RunPhase.STOPPING
         return [Effect(Action.SIGNAL, sig)]
 
     def lose(self, now: float) -> list[Effect]:
         """The row is not ours any more (the heartbeat did not renew it)."""
-        if self.phase in (Phase.LOST, Phase.ENDED):
+        if self.phase in (RunPhase.LOST, RunPhase.ENDED):
             return []
-        self.phase = Phase.LOST
+        self.phase = RunPhase.LOST
         return self.stop(signal.SIGKILL, None, now)
 
     def fence(self, now: float) -> list[Effect]:
         """The lease could not be renewed in time: kill before another runner may expire the row."""
         if not self.alive:
             return []
-        self.phase = Phase.FENCED
+        self.phase = RunPhase.FENCED
         return self.stop(signal.SIGKILL, None, now)
 
     def fork_server_died(self, pid: int, now: float) -> list[Effect]:
@@ -162,12 +161,12 @@ class RunState:
         return self._maybe_ended()
 
     def _maybe_ended(self) -> list[Effect]:
-        if self.exit is None or not self.channel_closed or self.phase is Phase.ENDED:
+        if self.exit is None or not self.channel_closed or self.phase is RunPhase.ENDED:
             return []
-        ended_as, self.phase = self.phase, Phase.ENDED
-        if ended_as is Phase.LOST:
+        ended_as, self.phase = self.phase, RunPhase.ENDED
+        if ended_as is RunPhase.LOST:
             return [Effect(Action.FORGET)]
-        if ended_as is Phase.FENCED:
+        if ended_as is RunPhase.FENCED:
             return [Effect(Action.ABANDON)]
         return [Effect(Action.FINISH)]
 
@@ -176,15 +175,15 @@ class RunState:
     @property
     def alive(self) -> bool:
         """Its row is ours and it was not killed for that reason (progress and cancels still apply)."""
-        return self.phase not in (Phase.LOST, Phase.FENCED, Phase.ENDED)
+        return self.phase not in (RunPhase.LOST, RunPhase.FENCED, RunPhase.ENDED)
 
     @property
     def shown_phase(self) -> str:
         """What ``status`` shows: starting | running | finishing | stopping (lost and fenced children
         were SIGKILLed: they are stopping)."""
-        if self.phase in (Phase.STARTING, Phase.RUNNING, Phase.FINISHING):
+        if self.phase in (RunPhase.STARTING, RunPhase.RUNNING, RunPhase.FINISHING):
             return self.phase.value
-        return Phase.STOPPING.value
+        return RunPhase.STOPPING.value
 
     def deadlines(self, timing: Timing) -> list[tuple[float, Due]]:
         """What falls due for this run, and when. One list for both ends, so that the loop never sleeps
@@ -192,7 +191,7 @@ class RunState:
         due: list[tuple[float, Due]] = []
         if self.exit_at is not None and not self.channel_closed:
             due.append((self.exit_at + EOF_GRACE, Due(None, None)))  # stop waiting for the channel's EOF
-        if self.phase in (Phase.LOST, Phase.FENCED, Phase.ENDED):
+        if self.phase in (RunPhase.LOST, RunPhase.FENCED, RunPhase.ENDED):
             return due  # SIGKILLed already: only its exit (and its channel's end) is awaited
         if self.kill_reason is None and self.result is None:
             due.extend(self._stop_deadlines(timing))

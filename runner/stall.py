@@ -10,7 +10,7 @@ kill grace), and the run ends FAILED with ``exit_reason`` ``stalled`` and that s
 (decision 0111).
 
 The CPU baseline is taken lazily, when the silence first reaches the timeout: no ``/proc`` read per
-message. A child found silent then is given a short probe window (``probe_seconds``) to show CPU work
+message. A child found silent then is given a short probe window (``timings.stall_probe_seconds``) to show CPU work
 before the stack dump; so a stall is declared between ``timeout`` and ``timeout + probe_seconds`` after
 the last sign of life. The timeout fits a slow GPU batch (``DEFAULT_STALL_TIMEOUT``, 10 min); a worker
 declares its own with ``WorkerSpec.stall_timeout`` (0: never), which the child reports when it starts.
@@ -25,20 +25,17 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-DUMP_GRACE = 1.0         # seconds between the stack dump (SIGUSR1) and SIGTERM: time to write the stack
+from runner.timings import STALL_DUMP_GRACE, stall_probe_seconds
+
 CPU_ALIVE_SECONDS = 0.05  # CPU seconds that count as work within one probe window
-PROBE_MAX = 30.0
 
 
-class Action(Enum):
+class StallStep(Enum):
     WAIT = "wait"            # nothing to do now (the next ``due_at`` moved forward)
     DUMP_STACK = "dump"      # send SIGUSR1: the child writes its threads' stacks to stderr
     TERMINATE = "terminate"  # send SIGTERM (then SIGKILL after the kill grace): FAILED stalled
 
 
-def probe_seconds(timeout: float) -> float:
-    """The window in which a silent child may still show CPU work: a quarter of the timeout, at most 30 s."""
-    return min(timeout / 4, PROBE_MAX)
 
 
 @dataclass(slots=True)
@@ -62,30 +59,30 @@ class StallWatch:
         if self.timeout <= 0:
             return None
         if self.dumped_at is not None:
-            return self.dumped_at + DUMP_GRACE
+            return self.dumped_at + STALL_DUMP_GRACE
         if self.cpu_since is not None:
-            return self.cpu_since + probe_seconds(self.timeout)
+            return self.cpu_since + stall_probe_seconds(self.timeout)
         return self.last_sign + self.timeout
 
-    def check(self, now: float, cpu_seconds: float | None) -> Action:
+    def check(self, now: float, cpu_seconds: float | None) -> StallStep:
         """Decide at ``due_at``: probe the CPU, dump the stack, or stop the child."""
         if self.dumped_at is not None:
-            return Action.TERMINATE
+            return StallStep.TERMINATE
         if self.cpu_since is None:
             if cpu_seconds is None:  # /proc unreadable (the child is exiting): no CPU evidence
                 return self._dump(now)
             self.cpu_at, self.cpu_since = cpu_seconds, now
-            return Action.WAIT
+            return StallStep.WAIT
         if cpu_seconds is not None and self.cpu_at is not None and cpu_seconds - self.cpu_at >= CPU_ALIVE_SECONDS:
             # Working in silence (one long C call): alive; the timeout starts again from here.
             self.last_sign = now
             self.cpu_at = self.cpu_since = None
-            return Action.WAIT
+            return StallStep.WAIT
         return self._dump(now)
 
-    def _dump(self, now: float) -> Action:
+    def _dump(self, now: float) -> StallStep:
         self.dumped_at = now
-        return Action.DUMP_STACK
+        return StallStep.DUMP_STACK
 
     @property
     def silent_seconds_at_dump(self) -> float | None:

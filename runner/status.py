@@ -9,6 +9,7 @@ import json
 import os
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from scrinalia.domains.archive.run_ids import short_id
@@ -47,7 +48,9 @@ STATUS_FIELDS: dict[str, str] = {
     "devices": "the GPUs it owns (--devices, --per-device): one object per device: index, uuid, name, "
                "memory_total_bytes, slots (--per-device), children (the pids on it); empty: no device rule",
     "capabilities": "the workers this runner claims",
-    "launcher": "{start_method: forkserver|spawn, pid, preload, preloaded, preload_seconds, healthy}",
+    "launcher": "{start_method: forkserver|spawn, pid, preload, preloaded, preload_seconds, healthy, "
+                "cuda_initialized (the fork server's: always false), warm: {models: [{model_class, model_dir, "
+                "dtype, bytes, load_seconds, workers}], bytes, limit_bytes, errors}} (warm: decision 0340)",
     "counters": "runs since start: claimed, SUCCESS, FAILED, CANCELLED, INTERRUPTED, lost",
     "timings": "every time quantity in effect (runner.timings, docs/architecture.md \"Timings\"): "
                "{name: {seconds, formula}}",
@@ -170,9 +173,22 @@ def _header_lines(status: dict[str, Any]) -> list[str]:
         + ("  (they do not arrive: claiming every --poll)" if status["notifications"]["state"] == "deaf" else ""),
         f"  {len(status['children'])}/{status['concurrency']} busy  capabilities {','.join(status['capabilities'])}"
         f"  launcher {status['launcher'].get('start_method')}",
+        *_warm_lines(status["launcher"].get("warm") or {}),
         "  counters " + " ".join(f"{k}={v}" for k, v in status["counters"].items()),
         *_timing_lines(status.get("timings") or {}),
     ]
+
+
+def _warm_lines(warm: dict[str, Any]) -> list[str]:
+    """The fork server's warm models, one line (none when the launcher keeps none)."""
+    models = warm.get("models") or []
+    if not models and not warm.get("errors"):
+        return []
+    held = ", ".join(f"{Path(m['model_dir']).name} {m['dtype']} {m['bytes'] / 2**20:.0f} MiB "
+                     f"({','.join(m['workers'])})" for m in models)
+    limit = warm.get("limit_bytes") or 0
+    return [f"  warm models {held or 'none'}  {warm.get('bytes', 0) / 2**20:.0f}/{limit / 2**20:.0f} MiB"
+            + (f"  errors: {'; '.join(warm['errors'])}" if warm.get("errors") else "")]
 
 
 def _timing_lines(timings: dict[str, Any]) -> list[str]:

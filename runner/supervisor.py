@@ -54,20 +54,22 @@ from runner.launchers import Launcher, signal_name
 from runner.lease import Heartbeat, Lease, Notifications, ProgressWriter
 from runner.ledger_link import DatabaseDown, LedgerLink, brief
 from runner.ledger_port import LedgerPort
-from runner.loop_state import MAX_SELECT_WAIT, NO_PIDFD_POLL, ChildSetup, Phase, Services, Uptime
+from runner.loop_state import PHASE_ORDER, ChildSetup, Phase, Requests, Services, Uptime
 from runner.options import RunnerOptions
 from runner.outcome import OPERATOR_INTERRUPT
 from runner.ports import Clock, ControlPort, Processes, SelectWaiter, SystemClock, SystemProcesses, Waiter
 from runner.signals import SignalPipe
-from runner.tending import ChildMessages, Deadlines, Effects, Exits, Sampler
+from runner.tending import ChildMessages, Conversation, Deadlines, Effects, Exits, Sampler
+from runner.timings import MAX_SELECT_WAIT, NO_PIDFD_POLL
 from scrinalia.domains.archive import registry
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.workers.sdk import ResolvedConfig
+from scrinalia.journal import set_process_fields
 
 log = logging.getLogger("scrinalia.runner")
 
 _brief = brief  # the CLI's name for it
-__all__ = ["Child", "ConfigurationError", "DatabaseDown", "MAX_SELECT_WAIT", "Supervisor", "_brief"]
+__all__ = ["Child", "ConfigurationError", "DatabaseDown", "Supervisor", "_brief"]
 
 
 class Supervisor:
@@ -126,12 +128,14 @@ class Supervisor:
         self.db = LedgerLink(ledger)
         self.finisher = Finisher(clock, self.db, runner_id, timings, self.launcher.name, self.processes)
         self.drain = Drain(clock, timings.drain_timeout, self.services.notifier, lambda: len(children))
-        self.effects = Effects(clock, children, self.processes, self.finisher, timings)
+        self.requests = Requests()
+        conversation = Conversation(clock, timings, self.services.on_progress)
+        self.effects = Effects(clock, children, self.processes, self.finisher, timings, conversation, self.requests)
         self.sampler = Sampler(children, self.processes, self.services.gpu)
         self.lease = Lease(clock, timings, children, self.effects)
         self.db.fence_point, self.db.fence_check = self.lease.fence_point, self.lease.run  # decision 0110
-        self.messages = ChildMessages(clock, children, self.effects, timings, self.services.on_progress)
-        self.exits = Exits(clock, children, self.launcher, self.effects, self.messages, self.drain)
+        self.messages = ChildMessages(children, self.effects)
+        self.exits = Exits(clock, children, self.launcher, self.effects, self.drain)
         self.deadlines = Deadlines(clock, children, self.effects, self.processes, timings, self.drain)
         self.heartbeat = Heartbeat(clock, timings, self.db, runner_id, self.lease, children, self.effects,
                                    self.finisher, self.drain, self.sampler)
@@ -141,43 +145,34 @@ class Supervisor:
                          self.launcher, children, self.starts, self.lease, self.drain, self.finisher,
                          self.services, self.sampler, daemon=self.mode == "daemon")
         self.progress = ProgressWriter(clock, self.db, runner_id, children)
-        self.heartbeat.starts = self.starts
-        self.effects.read_last = self.messages.pump
-        self.effects.on_slot_free = self.poll.claim_now
-        self.effects.on_abandoned = self.heartbeat.beat_now
-        self.phases: tuple[Phase, ...] = (
+        built: tuple[Phase, ...] = (
             SignalPhase(self.signals, self.mode, self.drain, children, self.effects, self.db, self.registration.name),
-            Notifications(clock, self.services.wakeup, children, self.poll, self.heartbeat.beat_now),
-            self.lease,
-            self.messages,
-            self.exits,
-            ControlPhase(self.services.control, self.answer, self.lease),
-            self.heartbeat,
-            self.starts,
-            self.finisher,
-            self.progress,
-            self.deadlines,
-            self.poll,
-            Watchdog(clock, self.services.notifier),
-            Title(self.registration.name, self.status_line, set_title),
+            Notifications(clock, self.services.wakeup, children, self.requests),
+            self.lease, self.messages, self.exits, ControlPhase(self.services.control, self.answer, self.lease),
+            self.heartbeat, self.starts, self.finisher, self.progress, self.deadlines, self.poll,
+            Watchdog(clock, self.services.notifier), Title(self.registration.name, self.status_line, set_title),
         )
+        by_name = {phase.name: phase for phase in built}
+        if sorted(by_name) != sorted(position.name for position in PHASE_ORDER):
+            raise RuntimeError(f"the phases {sorted(by_name)} are not those of PHASE_ORDER")
+        self.phases: tuple[Phase, ...] = tuple(by_name[position.name] for position in PHASE_ORDER)
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def open(self) -> None:
         """Install the signal handlers (a signal from now on waits in the self-pipe for the loop), register,
-        start the launcher. The daemon also expires stale leases (at start, then every ``expiry``)."""
+        start the launcher. Stale leases are expired first (the daemon's poll then does it every ``expiry``)."""
         if self._install_signals:
             self.signals.install()
         self.db.send("register", self.db.ledger.register, self.registration)
         self._registered = True
+        set_process_fields(runner_id=self.runner_id)
         log.info(
             "runner %s (%s) registered: kind %s, capabilities %s, concurrency %d, heartbeat %gs, lease %gs",
             self.runner_id, self.registration.name, self.registration.kind, ",".join(self.capabilities) or "-",
             self.options.concurrency, self.timings.heartbeat, self.timings.lease,
         )
-        if self.mode == "daemon":
-            self.poll.expire_leases()
+        self.poll.expire_leases()  # the one-shot's too: a crashed earlier run must not hold the slot it needs
         self.launcher.start()
         info = self.launcher.info()
         if info.get("start_method") == "forkserver":
@@ -239,6 +234,19 @@ class Supervisor:
         self.waiter.wait(self._readable(), timeout)
         for phase in self.phases:
             phase.run()
+            if self.requests.pending():
+                self._hand_over(self.requests)
+
+    def _hand_over(self, requests: Requests) -> None:
+        """What a phase asked of another, handed to the phase it is for, between two phases."""
+        if requests.held is not None:
+            self.starts.held(requests.held)
+        if requests.claim and self.poll.may_claim():  # busy, draining or fenced: the poll would claim nothing
+            self.poll.claim_now()
+        if requests.beat:
+            self.heartbeat.beat_now()
+        requests.claim = requests.beat = False
+        requests.held = None
 
     def timeout(self) -> float:
         """Until the earliest moment a phase is due, at most ``MAX_SELECT_WAIT``."""

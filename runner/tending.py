@@ -22,11 +22,12 @@ from runner.children import Child
 from runner.drain import Drain
 from runner.finisher import Finisher
 from runner.launchers import Launcher
+from runner.loop_state import Requests
 from runner.ports import Clock, Processes
 from runner.run_state import Action, Due, Effect, Timing
-from runner.stall import Action as StallAction
-from runner.stall import StallWatch
+from runner.stall import StallStep, StallWatch
 from runner.timings import Timings
+from scrinalia.journal import run_fields
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -38,15 +39,14 @@ class Effects:
     leaves the table for the finisher."""
 
     def __init__(self, clock: Clock, children: Children, processes: Processes, finisher: Finisher,
-                 timings: Timings) -> None:
+                 timings: Timings, conversation: Conversation, requests: Requests) -> None:
         self.clock = clock
         self.children = children
         self.processes = processes
         self.finisher = finisher
         self.timings = timings
-        self.on_slot_free: Callable[[], None] = lambda: None  # the poll: claim now (set by the supervisor)
-        self.on_abandoned: Callable[[], None] = lambda: None  # the heartbeat: beat now
-        self.read_last: Callable[[Child], None] = lambda child: pump(child, self)  # ChildMessages.pump
+        self.conversation = conversation
+        self.requests = requests
 
     def apply(self, child: Child, effects: list[Effect]) -> None:
         for effect in effects:
@@ -59,18 +59,18 @@ class Effects:
 
     def _ended(self, child: Child, action: Action) -> None:
         """Exit and channel both observed: out of the table, to the finisher."""
-        self.read_last(child)  # the output's last lines (the outcome's tail)
+        self.conversation.read(child, self)  # the output's last lines (the outcome's tail)
         child.close()
         del self.children[child.pid]
-        self.on_slot_free()
+        self.requests.claim = True  # a slot is free
         if self.finisher.child_ended(child, action):
-            self.on_abandoned()  # an abandoned run: the heartbeat's answer settles it
+            self.requests.beat = True  # an abandoned run: the heartbeat's answer settles it
 
     def request_cancel(self, child: Child, why: str) -> None:
         effects = child.state.request_cancel(self.clock.monotonic())
         if effects:
             log.info("run %s (%s): %s; the worker stops at its next batch boundary (grace %gs)",
-                     child.short_id, child.run.worker_name, why, self.timings.cancel_grace)
+                     child.short_id, child.run.worker_name, why, self.timings.cancel_grace, extra=run_fields(child.run))
         self.apply(child, effects)
 
     def signal(self, child: Child, sig: int, reason: str | None = None) -> None:
@@ -94,7 +94,7 @@ def pump(child: Child, effects: Effects, on_message: OnMessage | None = None) ->
         messages = child.read()
     except Exception as exc:  # not our framing: the child is not speaking the protocol any more
         log.error("run %s: unreadable message from child %d (%s); killing it", child.short_id, child.pid,
-                  type(exc).__name__)
+                  type(exc).__name__, extra=run_fields(child.run))
         child.reader.eof = True
         messages = []
         effects.apply(child, child.state.stop(signal.SIGKILL, None, now))
@@ -107,28 +107,18 @@ def pump(child: Child, effects: Effects, on_message: OnMessage | None = None) ->
         effects.apply(child, child.state.closed())
 
 
-class ChildMessages:
-    """Phase ``children``: each child's channel and output (``started``, ``progress``, ``result``)."""
+class Conversation:
+    """What a child says (``started``, ``progress``, ``result``), applied to its state. Not a phase: the
+    ``children`` and ``exits`` phases and a run's end (``Effects``) each read a child through it, so what a
+    child sent before it exited is read before its exit counts."""
 
-    name = "children"
-
-    def __init__(self, clock: Clock, children: Children, effects: Effects, timings: Timings,
-                 on_progress: Callable[[Child], None] | None) -> None:
+    def __init__(self, clock: Clock, timings: Timings, on_progress: Callable[[Child], None] | None) -> None:
         self.clock = clock
-        self.children = children
-        self.effects = effects
         self.timings = timings
         self.on_progress = on_progress
 
-    def run(self) -> None:
-        for child in list(self.children.values()):
-            self.pump(child)
-
-    def due(self) -> list[float]:
-        return []
-
-    def pump(self, child: Child) -> None:
-        pump(child, self.effects, self._on_message)
+    def read(self, child: Child, effects: Effects) -> None:
+        pump(child, effects, self._on_message)
 
     def _on_message(self, child: Child, kind: str, payload: dict[str, Any]) -> None:
         now = self.clock.monotonic()
@@ -138,7 +128,7 @@ class ChildMessages:
             child.stall = StallWatch(self.timings.stall_timeout if own is None else float(own), now)
             latency = (float(payload["t"]) - child.claimed_at) * 1000
             log.info("run %s: worker %s running in child %d (%.0f ms after the claim)",
-                     child.short_id, child.run.worker_name, child.pid, latency)
+                     child.short_id, child.run.worker_name, child.pid, latency, extra=run_fields(child.run))
         elif kind == "progress":
             child.progress = payload
             if self.on_progress is not None:
@@ -149,18 +139,33 @@ class ChildMessages:
                 child.progress = payload["progress"]
 
 
+class ChildMessages:
+    """Phase ``children``: each child's channel and output (``started``, ``progress``, ``result``)."""
+
+    name = "children"
+
+    def __init__(self, children: Children, effects: Effects) -> None:
+        self.children = children
+        self.effects = effects
+
+    def run(self) -> None:
+        for child in list(self.children.values()):
+            self.effects.conversation.read(child, self.effects)
+
+    def due(self) -> list[float]:
+        return []
+
+
 class Exits:
     """Phase ``exits``: the launcher's exit reports; the fork server's death (restarted off the loop)."""
 
     name = "exits"
 
-    def __init__(self, clock: Clock, children: Children, launcher: Launcher, effects: Effects,
-                 messages: ChildMessages, drain: Drain) -> None:
+    def __init__(self, clock: Clock, children: Children, launcher: Launcher, effects: Effects, drain: Drain) -> None:
         self.clock = clock
         self.children = children
         self.launcher = launcher
         self.effects = effects
-        self.messages = messages
         self.drain = drain
 
     def run(self) -> None:
@@ -168,13 +173,35 @@ class Exits:
         for ex in self.launcher.collect_exits():
             child = self.children.get(ex.pid)
             if child is not None:
-                self.messages.pump(child)  # what it sent before it exited is read before its exit counts
+                self.effects.conversation.read(child, self.effects)  # what it sent before it exited counts first
+                self._model_loads(child)
                 self.effects.apply(child, child.state.exited(ex, now))
         if self.launcher.name == "forkserver" and not self.launcher.healthy():
             self._fork_server_died()
 
     def due(self) -> list[float]:
         return []
+
+    def _model_loads(self, child: Child) -> None:
+        """A model the child loaded cold (its settings named one the fork server does not hold) is asked
+        of the fork server, so the next run is warm (decision 0340). The run's row keeps only whether each
+        load was warm and how long it took (no server path in a run's metrics)."""
+        metrics = (child.state.result or {}).get("metrics")
+        if not isinstance(metrics, dict) or not isinstance(metrics.get("model_loads"), list):
+            return
+        loads = metrics.pop("model_loads")
+        metrics["model_load"] = [{"warm": bool(load.get("warm")), "seconds": load.get("seconds")}
+                                 for load in loads if isinstance(load, dict)]
+        ask = getattr(self.launcher, "warm", None)
+        for load in loads:
+            if ask is not None and isinstance(load, dict) and not load.get("warm"):
+                try:
+                    key = {k: str(load[k]) for k in ("model_class", "model_dir", "dtype")}
+                except KeyError:
+                    continue
+                if ask(key, child.run.worker_name):
+                    log.info("worker %s loaded %s (%s) cold: asked the fork server to keep it warm",
+                             child.run.worker_name, key["model_dir"], key["dtype"])
 
     def _fork_server_died(self) -> None:
         log.critical("the fork server died; its children died with it")
@@ -237,12 +264,12 @@ class Deadlines:
         """The child's stall deadline fell due: probe its CPU time, dump its stack, or stop it."""
         assert child.stall is not None
         action = child.stall.check(self.clock.monotonic(), self.processes.cpu_seconds(child.pid))
-        if action is StallAction.DUMP_STACK:
+        if action is StallStep.DUMP_STACK:
             log.error("run %s (%s): child %d sent nothing and used no CPU for %.0fs (stall timeout %gs); "
                       "dumping its stack, then stopping it", child.short_id, child.run.worker_name, child.pid,
-                      child.stall.silent_seconds_at_dump or 0, child.stall.timeout)
+                      child.stall.silent_seconds_at_dump or 0, child.stall.timeout, extra=run_fields(child.run))
             self.processes.signal_one(child.pid, signal.SIGUSR1)  # the child only: not what it started
-        elif action is StallAction.TERMINATE:
+        elif action is StallStep.TERMINATE:
             self.effects.signal(child, signal.SIGTERM, outcome.STALLED)
 
     def _act(self, child: Child, due: Due) -> Callable[[], None]:

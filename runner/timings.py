@@ -7,17 +7,14 @@ scattered over properties of ``RunnerOptions``, module constants and a migration
 name, a formula, a default and the guarantee it serves, and ``Timings.rows`` is the table that
 docs/architecture.md shows ("Timings") and ``scrinalia-runner status`` prints (``timings``).
 
-The constants live next to the code that uses them (``runner.control.CLIENT_TIMEOUT``, ...); this module
+The constants live next to the code that uses them (``runner.CONTROL_CLIENT_TIMEOUT``, ...); this module
 reads them, so a change there shows here, in ``status`` and in the docs' table test.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from runner.options import RunnerOptions
+from typing import Any, Protocol
 
 MIN_FENCE_MARGIN = 0.1       # seconds the self-fence needs between abandoning a statement and the lease end
 MIN_STATEMENT_SECONDS = 0.1  # the shortest statement bound worth sending (one round trip on a loaded host)
@@ -28,6 +25,56 @@ CONNECT_MAX = 2.0            # a new connection (DNS, TCP, TLS, auth) takes at m
 SPAWN_ANSWER_SECONDS = 5.0   # the longest the loop waits for the fork server to answer a spawn
 SPAWN_ANSWER_FLOOR = 0.5     # ... and at least this much where the fence margin allows (a fork on a loaded host)
 SPAWN_WAIT_MIN = 0.02        # the least a spawn is given even right at the fence point
+SPAWN_WAIT_DEFAULT = 30.0    # a spawn asked with no bound (the one-shot's, which has no fence point to meet)
+CONTROL_CLIENT_MIN = 0.05    # a control-socket client always gets this much, even at the fence point
+
+# The constants of the loop and its parts. Their users import them from here, so the table, `status`, the
+# docs and the simulator read the one value, and this module imports no other part of the runner.
+MAX_SELECT_WAIT = 1.0        # the loop looks at everything at least this often
+PROGRESS_INTERVAL = 0.5      # seconds between two progress statements: the panel sees progress within ~1 s
+NO_PIDFD_POLL = 0.1          # the loop's longest wait while children live and the kernel has no pidfd
+CHILD_PROGRESS_INTERVAL = 0.1  # a child sends progress at most this often
+EOF_GRACE = 2.0              # seconds the finisher waits for a child's channel to close after its exit was reported
+CONTROL_CLIENT_TIMEOUT = 0.5  # seconds one control client may take, its whole request and answer
+CONTROL_SERVE_BUDGET = 0.5   # seconds of clients one serve_pending call serves
+STALL_DUMP_GRACE = 1.0       # seconds between the stack dump (SIGUSR1) and SIGTERM: time to write the stack
+STALL_PROBE_MAX = 30.0       # the longest probe window of a silent child
+FORK_SERVER_READY_TIMEOUT = 120.0  # seconds a fork server may take to preload before it counts as failed
+
+
+def stall_probe_seconds(timeout: float) -> float:
+    """The window in which a silent child may still show CPU work: a quarter of the timeout, at most 30 s."""
+    return min(timeout / 4, STALL_PROBE_MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSessionBounds:
+    """The server-side bounds of a child's sessions, derived from the lease (decision 0101).
+
+    * ``statement_timeout`` = lease / 2: far longer than a normal batch write (milliseconds to a few
+      seconds), shorter than the lease, so a statement stuck behind anything ends before the run could
+      be expired and re-claimed elsewhere;
+    * ``lock_timeout`` = lease / 4: a lock wait is the usual way a statement gets stuck; it gives up
+      first, and the SDK tries the batch again (bounded by the lease);
+    * ``idle_in_transaction_session_timeout`` = lease / 2: a child frozen (SIGSTOP, a dead host) in the
+      middle of a batch loses its session, its transaction and its row locks before its lease ends, so
+      whoever re-claims the run never waits on them (the batch fence refuses the late COMMIT anyway).
+
+    The trade-off: a worker must not compute inside ``RunContext.commit`` (between its writes) for
+    lease / 2 or more; workers compute first and commit the results, which takes milliseconds."""
+
+    statement_timeout_ms: int
+    lock_timeout_ms: int
+    idle_in_transaction_timeout_ms: int
+
+    @classmethod
+    def for_lease(cls, lease_seconds: float) -> ChildSessionBounds:
+        lease_ms = max(1000, int(lease_seconds * 1000))
+        return cls(lease_ms // 2, lease_ms // 4, lease_ms // 2)
+
+    def options(self) -> str:
+        return (f"-c statement_timeout={self.statement_timeout_ms} -c lock_timeout={self.lock_timeout_ms}"
+                f" -c idle_in_transaction_session_timeout={self.idle_in_transaction_timeout_ms}")
 HEARTBEAT_RETRY_MAX = 1.0    # a failed heartbeat is retried after min(this, --heartbeat)
 FENCE_LOCK_TIMEOUT = 2.0     # migration 0008: the batch fence's lock wait at COMMIT (SET lock_timeout = '2s')
 
@@ -47,6 +94,29 @@ class Quantity:
         return {"seconds": self.seconds, "formula": self.formula}
 
 
+class TimingFlags(Protocol):
+    """The flags the quantities derive from (``RunnerOptions`` has them; this module needs no more of it)."""
+
+    @property
+    def heartbeat_seconds(self) -> float: ...
+    @property
+    def lease_seconds(self) -> float: ...
+    @property
+    def poll_seconds(self) -> float: ...
+    @property
+    def listen_poll_seconds(self) -> float: ...
+    @property
+    def drain_timeout(self) -> float: ...
+    @property
+    def max_runtime(self) -> float | None: ...
+    @property
+    def cancel_grace(self) -> float: ...
+    @property
+    def kill_grace(self) -> float: ...
+    @property
+    def stall_timeout(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Timings:
     """The effective time quantities of one runner, derived from its flags (``Timings.derive``)."""
@@ -62,7 +132,7 @@ class Timings:
     stall_timeout: float
 
     @classmethod
-    def derive(cls, options: RunnerOptions) -> Timings:
+    def derive(cls, options: TimingFlags) -> Timings:
         return cls(options.heartbeat_seconds, options.lease_seconds, options.poll_seconds,
                    options.listen_poll_seconds, options.drain_timeout, options.max_runtime,
                    options.cancel_grace, options.kill_grace, options.stall_timeout)
@@ -113,10 +183,8 @@ class Timings:
     def heartbeat_retry(self) -> float:
         return min(HEARTBEAT_RETRY_MAX, self.heartbeat)
 
-    def child_bounds(self) -> Any:
-        """The server-side bounds of a child's sessions (``runner.database.ChildSessionBounds``, their home)."""
-        from runner.database import ChildSessionBounds
-
+    def child_bounds(self) -> ChildSessionBounds:
+        """The server-side bounds of a child's sessions."""
         return ChildSessionBounds.for_lease(self.lease)
 
     def listening_poll(self) -> float:
@@ -127,10 +195,6 @@ class Timings:
 
     def rows(self) -> list[Quantity]:
         """Every quantity, in the order of the table in docs/architecture.md."""
-        from runner import child, control, forkserver, stall
-        from runner.loop_state import MAX_SELECT_WAIT, NO_PIDFD_POLL, PROGRESS_INTERVAL
-        from runner.run_state import EOF_GRACE
-
         bounds = self.child_bounds()
         q = Quantity
         return [
@@ -172,16 +236,16 @@ class Timings:
             q("select_max", MAX_SELECT_WAIT, "constant", "1", "the loop looks at everything at least this often"),
             q("no_pidfd_poll", NO_PIDFD_POLL, "constant", "0.1", "exits are seen without a pidfd"),
             q("progress_interval", PROGRESS_INTERVAL, "constant", "0.5", "the panel sees progress within ~1 s"),
-            q("child_progress_interval", child.PROGRESS_INTERVAL, "constant", "0.1",
+            q("child_progress_interval", CHILD_PROGRESS_INTERVAL, "constant", "0.1",
               "a child sends progress at most this often"),
             q("eof_grace", EOF_GRACE, "constant", "2", "a channel a grandchild inherited does not hold a run"),
-            q("control_client", control.CLIENT_TIMEOUT, "constant", "0.5", "one control client's whole exchange"),
-            q("control_budget", control.SERVE_BUDGET, "constant (clipped to the fence point)", "0.5",
+            q("control_client", CONTROL_CLIENT_TIMEOUT, "constant", "0.5", "one control client's whole exchange"),
+            q("control_budget", CONTROL_SERVE_BUDGET, "constant (clipped to the fence point)", "0.5",
               "control clients hold one tick at most this long"),
-            q("stall_dump_grace", stall.DUMP_GRACE, "constant", "1", "time to write the stack before SIGTERM"),
-            q("stall_probe", stall.probe_seconds(self.stall_timeout), "min(stall_timeout / 4, 30)", "30",
+            q("stall_dump_grace", STALL_DUMP_GRACE, "constant", "1", "time to write the stack before SIGTERM"),
+            q("stall_probe", stall_probe_seconds(self.stall_timeout), "min(stall_timeout / 4, 30)", "30",
               "a child in one long C call shows CPU work within it"),
-            q("fork_server_ready", forkserver.READY_TIMEOUT, "constant", "120",
+            q("fork_server_ready", FORK_SERVER_READY_TIMEOUT, "constant", "120",
               "a fork server that cannot preload stops the runner"),
             q("spawn_wait_min", SPAWN_WAIT_MIN, "constant", "0.02", "a spawn at the fence point is still tried"),
         ]

@@ -1,16 +1,14 @@
 """The control socket port of a simulated host: clients that ask for ``status`` or a drain, and clients
-that never finish their request (``runner.control.ControlServer``'s bounds: ``CLIENT_TIMEOUT`` per
-client, ``SERVE_BUDGET`` per call, never past the caller's fence point, at least 50 ms a client)."""
+that never finish their request (``runner.control.ControlServer``'s bounds: ``CONTROL_CLIENT_TIMEOUT`` per
+client, ``CONTROL_SERVE_BUDGET`` per call, never past the caller's fence point, at least 50 ms a client)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runner.control import CLIENT_TIMEOUT, SERVE_BUDGET
 from runner.simulation.world import World
-
-MIN_CLIENT_SECONDS = 0.05  # ControlServer._serve_one: a client always gets this much, even at the fence point
+from runner.timings import CONTROL_CLIENT_MIN, CONTROL_CLIENT_TIMEOUT, CONTROL_SERVE_BUDGET
 
 
 @dataclass
@@ -35,13 +33,13 @@ class SimControl:
 
     def serve_pending(self, handler: Callable[[dict[str, Any]], dict[str, Any]], until: float | None = None) -> None:
         world = self.world
-        budget_end = world.now + SERVE_BUDGET
+        budget_end = world.now + CONTROL_SERVE_BUDGET
         if until is not None:
             budget_end = min(budget_end, until)
         while world.now < budget_end and self.waiting:
             client = self.waiting.pop(0)
-            at = world.now + CLIENT_TIMEOUT
-            limit = at if until is None else max(min(at, until), world.now + MIN_CLIENT_SECONDS)
+            at = world.now + CONTROL_CLIENT_TIMEOUT
+            limit = at if until is None else max(min(at, until), world.now + CONTROL_CLIENT_MIN)
             if client.request is None:
                 world.sleep(limit - world.now)  # it takes its whole budget, then it is dropped
                 continue

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runner.control import SERVE_BUDGET
+from runner.timings import CONTROL_SERVE_BUDGET
 
 if TYPE_CHECKING:
     from runner.simulation.history import Simulation
@@ -144,7 +144,7 @@ class Checker:
             if sim.excused(host, since, now):
                 self._free_since[host.name] = now
                 continue
-            allowed = sup.poll.interval() + SERVE_BUDGET + 2 * sim.timings.statement_seconds
+            allowed = sup.poll.interval() + CONTROL_SERVE_BUDGET + 2 * sim.timings.statement_seconds
             if now - since > allowed:
                 self.report("free_runner_claims_within_poll",
                             f"{host.name} free for {now - since:.3f}s with a claimable QUEUED row "

@@ -25,6 +25,7 @@ from runner.forkserver import ForkServerNotAnswering
 from runner.launchers import ChildExit
 from runner.memory_ledger import InMemoryLedger
 from runner.simulation.world import WALL_EPOCH, Actor, World
+from runner.timings import SPAWN_WAIT_DEFAULT
 from scrinalia.domains.archive.ledger import is_batch_fence_refusal
 
 if TYPE_CHECKING:
@@ -274,7 +275,7 @@ class SimForkServer:
             raise ForkServerNotAnswering("the fork server has not answered an earlier spawn request (stalled)")
         self.token += 1
         token = self.token
-        wait = 30.0 if timeout is None else max(0.0, timeout)
+        wait = SPAWN_WAIT_DEFAULT if timeout is None else max(0.0, timeout)
         fds = (os.dup(channel_fd), os.dup(output_fd))  # SCM_RIGHTS: the server holds them from the request on
         started = self.world.now
         if self.stopped:

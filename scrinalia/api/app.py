@@ -21,7 +21,7 @@ from fastapi.routing import APIRoute
 from sqlalchemy import Engine
 
 from scrinalia import bundled
-from scrinalia.api import catalogue_view, errors
+from scrinalia.api import catalogue_view, contract, errors
 from scrinalia.api.context import AppContext
 from scrinalia.api.middleware import BoundedJsonBodies, SecurityHeaders, trusted_proxies
 from scrinalia.api.routers import auth, charts, events, health, runners, runs, schedules, workers
@@ -104,6 +104,8 @@ def create_app(
     v1.add_api_route("/healthz", health.health, methods=["GET"], include_in_schema=False)
     app.include_router(v1)
     assert_system_routes_guarded(app)
+    app.openapi = contract.honest_openapi(app, api, catalogue, API_PREFIX,  # type: ignore[method-assign]
+                                          SYSTEM_PREFIX)
 
     # The panel's static files, registered last so every API route wins over a file of the same path.
     directory = Path(ui_dir or api.ui_dir or bundled.ui_dir())
@@ -115,13 +117,17 @@ def create_app(
 
 
 def _wrap_every_answer(app: FastAPI, proxy_networks: list[str]) -> None:
-    """The forwarded-header rewrite (trusted proxies only), the security headers and the bounded JSON
-    bodies around Starlette's whole stack, its own 500 answer included (``add_middleware`` would sit
-    inside that one)."""
+    """The forwarded-header rewrite (trusted proxies only), the security headers, the bounded JSON
+    bodies and the 405 of an API path asked with a method it does not take (``contract.MethodGate``)
+    around Starlette's whole stack, its own 500 answer included (``add_middleware`` would sit inside
+    that one). The route table is read when the stack is built: after every route is added."""
     build = app.build_middleware_stack
 
     def build_wrapped():
-        return trusted_proxies(SecurityHeaders(BoundedJsonBodies(build())), proxy_networks)
+        table = contract.method_table((path, methods) for path, methods, _ in api_routes(app))
+        table += contract.method_table([(app.openapi_url or "", {"GET", "HEAD"})])
+        gate = contract.MethodGate(build(), table)
+        return trusted_proxies(SecurityHeaders(BoundedJsonBodies(gate)), proxy_networks)
 
     app.build_middleware_stack = build_wrapped  # type: ignore[method-assign]  # wraps Starlette's own stack
 

@@ -42,6 +42,7 @@ from scrinalia.api import catalogue_view
 from scrinalia.db import migrate
 from scrinalia.db.engine import one_statement
 from scrinalia.domains.archive import registry
+from scrinalia.domains.archive.ledger_events import DROP_REASONS
 from scrinalia.domains.archive.workers.sdk import WorkerSpec
 from scrinalia.scheduler.schedules import list_schedules
 
@@ -56,6 +57,13 @@ EVENTS_DROPPED = Counter(
     ["reason"],
     registry=None,
 )
+
+
+for _reason in DROP_REASONS:  # each reason at 0 from the first scrape, not "No data" until a drop
+    EVENTS_DROPPED.labels(reason=_reason)
+
+#: The statuses a run ends in: each worker's finished-run counter has one series of each from the start.
+FINAL_STATUSES = ("SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED")
 
 
 def event_dropped(reason: str) -> None:
@@ -93,6 +101,7 @@ _TOTALS = text(
     "SELECT worker_name, status::text AS status, runs, timed, duration_seconds_sum, duration_buckets, "
     "       archive_run_duration_bounds() AS bounds FROM archive_run_totals ORDER BY worker_name, status"
 )
+_BOUNDS = text("SELECT archive_run_duration_bounds()")
 _QUEUE_USAGE = text("SELECT pg_notification_queue_usage()")
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
@@ -154,7 +163,7 @@ class LedgerCollector(Collector):
             yield from _build_info()
             yield from _run_metrics(conn, self.catalogue)
             yield from _runner_metrics(conn)
-            yield from _totals(conn)
+            yield from _totals(conn, self.catalogue)
             yield from _schedule_metrics(conn)
             yield from self._units(conn)
             usage = conn.execute(_QUEUE_USAGE).scalar_one()
@@ -208,8 +217,10 @@ def _run_metrics(conn: Connection, catalogue: dict[str, WorkerSpec]) -> Iterator
             wait.add_metric([name], max(0.0, float(queued.claimable)))
     failures = GaugeMetricFamily("scrinalia_worker_failures_24h", "Runs that ended with an error in the last 24 "
                                  "hours.", labels=["worker"])
-    for row in conn.execute(_FAILURES_24H).all():
-        failures.add_metric([row.worker_name], row.n)
+    failed = {name: 0 for name in names}  # 0 for each worker of the catalogue, from the first scrape
+    failed.update({row.worker_name: row.n for row in conn.execute(_FAILURES_24H).all()})
+    for name, n in failed.items():
+        failures.add_metric([name], n)
     margin = GaugeMetricFamily("scrinalia_run_lease_margin_seconds", "What is left of each RUNNING run's lease now "
                                "(the runner renews it every heartbeat; near 0 the runner is about to lose it).",
                                labels=["worker", "runner_id"])
@@ -250,18 +261,25 @@ def _runner_metrics(conn: Connection) -> Iterator[Metric]:
     yield from (by_state, running, up, age, lease, heartbeat, draining)
 
 
-def _totals(conn: Connection) -> Iterator[Metric]:
+def _totals(conn: Connection, catalogue: dict[str, WorkerSpec]) -> Iterator[Metric]:
+    """The finished-run counters and the duration histograms; every catalogue worker has a series of each
+    final status and an (empty) histogram from the first scrape, at 0 until a run of it ends."""
     finished = CounterMetricFamily("scrinalia_runs_finished", "Runs that ended, by worker and final status.",
                                    labels=["worker", "status"])
-    per_worker: dict[str, dict[str, Any]] = {}
+    runs: dict[tuple[str, str], float] = {(w, s): 0 for w in catalogue for s in FINAL_STATUSES}
+    bounds = list(conn.execute(_BOUNDS).scalar_one())
+    per_worker: dict[str, dict[str, Any]] = {
+        w: {"count": 0, "sum": 0.0, "buckets": [0] * len(bounds), "bounds": bounds} for w in catalogue}
     for row in conn.execute(_TOTALS).all():
-        finished.add_metric([row.worker_name, row.status], row.runs)
+        runs[(row.worker_name, row.status)] = row.runs
         acc = per_worker.setdefault(row.worker_name, {"count": 0, "sum": 0.0, "buckets": None,
                                                       "bounds": list(row.bounds)})
         acc["count"] += row.timed
         acc["sum"] += row.duration_seconds_sum
         acc["buckets"] = (list(row.duration_buckets) if acc["buckets"] is None
                           else [a + b for a, b in zip(acc["buckets"], row.duration_buckets, strict=True)])
+    for (worker, status), n in sorted(runs.items()):
+        finished.add_metric([worker, status], n)
     durations = HistogramMetricFamily("scrinalia_run_duration_seconds", "Durations of the runs that ended after "
                                       "starting, by worker.", labels=["worker"])
     for worker, acc in per_worker.items():

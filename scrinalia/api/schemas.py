@@ -13,8 +13,10 @@ from typing import Annotated, Any, Literal
 from fastapi import Request
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from scrinalia.domains.archive.ledger import BATCH_SIZE_MAX, BATCH_SIZE_MIN
+
 RunStatus = Literal["QUEUED", "RUNNING", "SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED"]
-RunTrigger = Literal["CLI", "API", "SCHEDULE"]
+RunTrigger = Literal["CLI", "API", "SCHEDULE", "PANEL"]  # PANEL: the panel (cookie session)
 Role = Literal["ADMIN", "CURATOR", "VIEWER"]
 
 
@@ -127,12 +129,20 @@ class ChangePasswordIn(Strict):
 # --- runs ---
 
 
+#: What ``ledger.check_request_shape`` enforces, declared in the document only (``json_schema_extra``): the
+#: request keeps one validation path and its messages (decision 0135); the document states the rule.
+_NAMED: dict[str, Any] = {"minLength": 1, "pattern": r"\S"}
+
+
 class RunRequestIn(Strict):
     """A run request (and the shape of persisted settings): every field optional; the catalogue validates."""
 
-    engine_name: Text | None = Field(default=None, max_length=200)
-    preset: Text | None = Field(default=None, max_length=200)
-    db_batch_size: int | None = Field(default=None, description="1..10000 (an integer: true or \"10\" is refused)")
+    engine_name: Text | None = Field(default=None, max_length=200, json_schema_extra=_NAMED,
+                                     description="Not blank; one of the worker's engines")
+    preset: Text | None = Field(default=None, max_length=200, json_schema_extra=_NAMED,
+                                description="Not blank; one of the worker's presets")
+    db_batch_size: int | None = Field(default=None, description="An integer: true or \"10\" is refused",
+                                      json_schema_extra={"minimum": BATCH_SIZE_MIN, "maximum": BATCH_SIZE_MAX})
     options: JsonObject | None = None
     engine_options: JsonObject | None = None
 

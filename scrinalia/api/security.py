@@ -7,6 +7,10 @@
   method (POST, PUT, PATCH, DELETE) is OPERATE and needs the ADMIN role, and, when it is made with the
   cookie, the session's CSRF token in ``X-CSRF-Token``. A bearer header is not sent by a browser on its
   own, so it needs no CSRF token.
+* Credentials are judged as a whole: a request that carries an ``Authorization`` header is judged by it
+  alone. An invalid or malformed one (an unknown token, ``Basic ...``, ``Bearer`` with nothing after it)
+  is refused with 401 even when a valid session cookie travels beside it: the cookie never rescues a
+  credential the caller chose to send (docs/decisions/0320).
 """
 from __future__ import annotations
 
@@ -47,6 +51,12 @@ class Principal:
     def label(self) -> str:
         return self.session.user.email
 
+    @property
+    def trigger(self) -> str:
+        """The ledger's trigger of a run this principal enqueues: PANEL for the browser's cookie session
+        (the panel is what logs in with the cookie), API for a bearer token (a script). Decision 0323."""
+        return "PANEL" if self.via == "cookie" else "API"
+
 
 def optional_principal(
     request: Request,
@@ -55,7 +65,13 @@ def optional_principal(
 ) -> Principal | None:
     # Resolved once per request: FastAPI caches a dependency's value for the whole request, also when
     # both the /system router and the route itself depend on ``system_guard``.
-    token, via = (bearer.credentials, "bearer") if bearer is not None else (cookie, "cookie")
+    token: str | None
+    if request.headers.get("authorization") is not None:
+        if bearer is None:  # present but not "Bearer <token>": refused, whatever cookie is beside it
+            return None
+        token, via = bearer.credentials, "bearer"
+    else:
+        token, via = cookie, "cookie"
     if not token:
         return None
     info = resolve_session(ctx(request).engine, token)

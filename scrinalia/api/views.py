@@ -54,14 +54,32 @@ def run_json(run: None) -> None: ...
 
 
 def run_json(run: WorkerRun | dict[str, Any] | None) -> dict[str, Any] | None:
-    """A run as the API shows it (the ledger's JSON, secret-looking option values masked)."""
+    """A run as the API shows it (the ledger's JSON, secret-looking option values masked, the error as
+    its cause in words: ``error_in_words``)."""
     if run is None:
         return None
     data = run.to_json() if isinstance(run, WorkerRun) else dict(run)
     for key in ("request", "config", "options", "result"):
         if data.get(key) is not None:
             data[key] = redact(data[key])
+    if "error" in data:
+        data["error"] = error_in_words(data["error"])
     return data
+
+
+# A path as the ledger's fingerprint finds one (migration 0001, ``archive_error_fingerprint``).
+_PATH = re.compile(r"(^|[\s'\"(=:,\[])(~?/[^\s'\"(),:\]]+)")
+
+
+def error_in_words(error: str | None) -> str | None:
+    """What every role sees of a run's error: its first line (``ExceptionClass: message``, the cause in
+    the words of whoever raised it), each server path cut to its last name (``…/ner-model``). The
+    traceback and the child's output tail after it stay in the ledger and in the runner's log, where the
+    operator reads them (``scrinalia runs show RUN --json``, the runner's journal); no page shows a server's files."""
+    if error is None:
+        return None
+    first = error.strip().split("\n", 1)[0]
+    return _PATH.sub(lambda m: f"{m.group(1)}…/{m.group(2).rstrip('/').rsplit('/', 1)[-1]}", first)
 
 
 _RUN_FIELDS = tuple(RUN_COLUMNS.split(", "))
@@ -333,7 +351,8 @@ def run_detail(engine: Engine, run_id: uuid.UUID) -> dict[str, Any] | None:
         chain = conn.execute(_CHAIN, {"run_id": run_id}).all()
     data = run_json(run)
     data["attempts"] = [
-        {k: (str(v) if isinstance(v, uuid.UUID) else _iso(v)) for k, v in row._mapping.items()} for row in chain
+        {k: (str(v) if isinstance(v, uuid.UUID) else error_in_words(v) if k == "error" else _iso(v))
+         for k, v in row._mapping.items()} for row in chain
     ]
     runner = registry.get_runner(engine, run.runner_id) if run.runner_id else None
     data["runner"] = (
@@ -370,5 +389,6 @@ def failures(engine: Engine, *, days: int, worker: str | None = None, limit: int
     with engine.connect() as conn:
         rows = conn.execute(_FAILURES, {"days": days, "worker": worker, "limit": limit}).all()
     return [
-        {k: (str(v) if isinstance(v, uuid.UUID) else _iso(v)) for k, v in r._mapping.items()} for r in rows
+        {k: (str(v) if isinstance(v, uuid.UUID) else error_in_words(v) if k == "sample_error" else _iso(v))
+         for k, v in r._mapping.items()} for r in rows
     ]

@@ -36,6 +36,12 @@ def command(host: str, port: int, workers: int, log_level: str, reload: bool) ->
         require_head_or_exit(engine, "API")  # exit 4 (migrate first) or 7 (upgrade this API)
     finally:
         engine.dispose()
+    if not reload:
+        from scrinalia.sdnotify import ready_when_healthy
+
+        probe_host = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+        ready_when_healthy(f"http://{probe_host}:{port}/healthz",
+                           f"answering on {host}:{port}, {workers} worker process(es)")
     uvicorn.run(
         "scrinalia.api.app:create_app",
         factory=True,

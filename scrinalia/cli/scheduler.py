@@ -44,14 +44,18 @@ def run(interval: float) -> None:
 
     Refuses to start on a schema that is not its bundled head: exit 4 when it is behind (migrate first),
     7 when a newer release migrated it (upgrade this scheduler)."""
+    from scrinalia.journal import setup_logging
     from scrinalia.scheduler.service import Scheduler
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(logging.INFO, "scrinalia-scheduler", plain_format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = _engine()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if _schema_checked(engine, interval, stop):
+        from scrinalia.sdnotify import notify
+
+        notify("READY=1", f"STATUS=schema current; ticking every {interval:g} s")
         Scheduler(engine, quarantine_after=get_settings().scheduler_quarantine_after,
                   samples_retention_days=get_settings().run_samples_retention_days,
                   leader_engine=_leader_engine()).serve(interval, stop)

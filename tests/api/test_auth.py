@@ -116,7 +116,8 @@ def test_change_password_needs_the_current_one_and_revokes_other_sessions(client
     csrf = login.json()["csrf_token"]
     r = client.post("/api/v1/auth/change-password", headers={"X-CSRF-Token": csrf},
                     json={"current_password": "not the password", "new_password": "a brand new passphrase"})
-    assert r.status_code == 422 and "current_password" in r.json()["fields"]
+    assert r.status_code == 403 and r.json()["error"] == "wrong_current_password"
+    assert "current_password" in r.json()["fields"]
     r = client.post("/api/v1/auth/change-password", headers={"X-CSRF-Token": csrf},
                     json={"current_password": PASSWORD, "new_password": "a brand new passphrase"})
     assert r.status_code == 204

@@ -137,7 +137,8 @@ def test_metrics_parse_and_hold_every_metric_the_dashboard_and_rules_use(engine,
     # Both processes answer the same (all but the probe's own timing and the ages, which move).
     moving = {"scrinalia_notification_lag_seconds", "scrinalia_runner_heartbeat_age_seconds",
               "scrinalia_run_lease_margin_seconds", "scrinalia_worker_queued_wait_seconds",
-              "scrinalia_worker_queued_age_seconds"}
+              "scrinalia_worker_queued_age_seconds",
+              "scrinalia_events_dropped_created"}  # per process: when each process's counter was made
     steady = [{k: v for k, v in _samples(_families(r.text)).items() if k[0] not in moving} for r in answers]
     assert all(s == steady[0] for s in steady[1:])
 
@@ -203,3 +204,29 @@ def test_the_totals_start_from_the_history_and_follow_every_end(empty_database_u
     assert totals["FAILED"][2][bounds.index(3600)] == 1 and totals["FAILED"][2][bounds.index(7200)] == 2
     assert totals["CANCELLED"][:2] == (2, 0) and set(totals["CANCELLED"][2]) == {0}  # never started: not timed
     assert totals["INTERRUPTED"][:2] == (1, 1)
+
+
+def test_every_counted_series_exists_from_the_first_scrape_of_a_fresh_install(engine):
+    """Issue 28: on a fresh database, before any run has ended, each catalogue worker has its finished-run
+    counter at 0 for each outcome, an empty duration histogram and a failure count of 0, and each reason
+    of the relay's drops is at 0: the dashboard and the alert rules see 0, not "No data" (Prometheus'
+    guidance: a labelled series that can appear is exported from the start)."""
+    from fastapi.testclient import TestClient
+
+    from scrinalia.domains.archive.ledger_events import DROP_REASONS
+    from tests.api.conftest import make_app
+
+    with TestClient(make_app(engine, metrics_token=TOKEN)) as client:
+        r = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200, r.text
+    samples = _samples(_families(r.text))
+    for worker in (w.name for w in WORKERS):
+        for status in ("SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED"):
+            key = ("scrinalia_runs_finished_total", (("status", status), ("worker", worker)))
+            assert samples.get(key) == 0, key
+        assert samples.get(("scrinalia_run_duration_seconds_count", (("worker", worker),))) == 0
+        assert samples.get(("scrinalia_run_duration_seconds_sum", (("worker", worker),))) == 0
+        assert samples.get(("scrinalia_run_duration_seconds_bucket", (("le", "+Inf"), ("worker", worker)))) == 0
+        assert samples.get(("scrinalia_worker_failures_24h", (("worker", worker),))) == 0
+    for reason in DROP_REASONS:
+        assert samples.get(("scrinalia_events_dropped_total", (("reason", reason),))) is not None, reason

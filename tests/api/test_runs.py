@@ -166,7 +166,7 @@ def test_failures_are_grouped_by_fingerprint(client, admin_headers, engine):
     assert set(groups) == {"oserror: cannot open <path>", "keyerror: 'x'"}
     g = groups["oserror: cannot open <path>"]
     assert g["occurrences"] == 2 and g["workers"] == ["alpha", "beta"]
-    assert g["sample_error"] == "OSError: cannot open /data/b.bin" and g["first_seen"] <= g["last_seen"]
+    assert g["sample_error"] == "OSError: cannot open …/b.bin" and g["first_seen"] <= g["last_seen"]
     body = client.get("/api/v1/system/failures", headers=admin_headers, params={"days": 60}).json()
     assert len(body["failures"]) == 3
     assert client.get("/api/v1/system/failures", headers=admin_headers, params={"days": 0}).status_code == 422
@@ -203,3 +203,55 @@ def test_a_retry_is_validated_again(client, admin_headers, engine):
     r = client.post(f"{R}/{failed.run_id}/retry", headers=admin_headers)
     assert r.status_code == 422 and "options.gone" in r.json()["fields"]
     assert ledger.active_run(engine, "alpha") is None
+
+
+def test_a_viewer_sees_the_cause_in_words_never_a_traceback_or_a_server_path(client, viewer_headers, engine,
+                                                                              tmp_path):
+    """Issue 28 item 8: a run whose model folder is missing fails with the engine's own error and the
+    traceback the runner writes to the ledger (``runner.outcome.format_error``, as the child reports it).
+    The Failures page's data, the run, its attempts and the worker's last run carry the cause in words;
+    the traceback and the server's paths stay in the ledger and the runner's log."""
+    from runner.outcome import format_error
+    from scrinalia.domains.archive.workers.engines.common import require_model_dir
+
+    missing = tmp_path / "models" / "ner-model"
+    try:
+        require_model_dir(str(missing), "ner")
+    except Exception as exc:  # as the child reports it: ExceptionClass: message, then the traceback
+        error = format_error(exc)
+    assert "Traceback" in error and str(missing) in error and str(tmp_path) in error  # the ledger keeps it all
+    run = _finished_run(engine, "alpha", "FAILED", error=error)
+
+    shown = [client.get("/api/v1/system/failures", headers=viewer_headers).json()["failures"][0]["sample_error"]]
+    detail = client.get(f"{R}/{run.run_id}", headers=viewer_headers).json()
+    shown += [detail["error"], *(a["error"] for a in detail["attempts"])]
+    shown += [r["error"] for r in client.get(R, headers=viewer_headers).json()["runs"]]
+    alpha = client.get("/api/v1/system/workers/alpha", headers=viewer_headers).json()
+    shown += [alpha["last_run"]["error"]]
+    assert len(shown) == 5
+    for text_shown in shown:
+        assert text_shown == ("EngineUnavailable: engine_options.model: ner: …/ner-model is not a local model "
+                              "directory on this host (no config.json)"), text_shown
+        assert "Traceback" not in text_shown and str(tmp_path) not in text_shown and ".py" not in text_shown
+
+
+def test_a_run_started_in_the_panel_is_listed_with_trigger_panel(client, engine):
+    """Issue 28 item 7: the panel's Run and Retry (the browser's cookie session) write trigger PANEL; a
+    script's bearer token writes API. The field keeps its name; the runs list filters by it."""
+    from tests.api.conftest import add_user, bearer, cookie_login
+
+    add_user(engine, "admin@example.org", "ADMIN")
+    token = bearer(client, "admin@example.org")
+    csrf = cookie_login(client, "admin@example.org")  # the client now also holds the panel's cookie
+    r = client.post("/api/v1/system/workers/alpha/runs", headers={"X-CSRF-Token": csrf}, json={})
+    assert r.status_code == 201, r.text
+    assert r.json()["trigger"] == "PANEL"
+    ledger.request_cancel(engine, uuid.UUID(r.json()["run_id"]))
+    r = client.post("/api/v1/system/workers/alpha/runs", headers=token, json={})
+    assert r.status_code == 201 and r.json()["trigger"] == "API"
+    ledger.request_cancel(engine, uuid.UUID(r.json()["run_id"]))
+    failed = _finished_run(engine, "beta", "FAILED", error="RuntimeError: boom")
+    r = client.post(f"{R}/{failed.run_id}/retry", headers={"X-CSRF-Token": csrf})
+    assert r.status_code == 201 and r.json()["trigger"] == "PANEL"
+    panel = client.get(R, params={"trigger": "PANEL"}).json()["runs"]
+    assert sorted(run["worker_name"] for run in panel) == ["alpha", "beta"]

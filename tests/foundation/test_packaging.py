@@ -55,3 +55,17 @@ def test_the_sdist_rebuilds_the_wheel(built_dist):
     for required in ("setup.py", "pyproject.toml", "MANIFEST.in", "migrations/env.py", "ui/index.html",
                      "systemd/scrinalia-runner.service", "docs/install.md", "docs/configuration.md"):
         assert required in names, required
+
+
+def test_the_wheel_carries_no_scale_model_and_no_greenlet(built_dist):
+    """The simulator and its in-memory ledger are development tools (decision 0310): a production host installs
+    neither them nor greenlet, which only the simulator needs."""
+    names = _names(built_dist.wheel)
+    assert not any(n.startswith("runner/simulation/") for n in names), sorted(n for n in names if "simulation" in n)
+    assert "runner/memory_ledger.py" not in names
+    assert "runner/supervisor.py" in names
+    with zipfile.ZipFile(built_dist.wheel) as zf:
+        metadata = next(zf.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    runtime = [line for line in requires if "extra ==" not in line]
+    assert runtime and not any("greenlet" in line for line in runtime), runtime

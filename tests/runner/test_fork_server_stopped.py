@@ -23,7 +23,8 @@ def _db_now(engine):
 
 
 def test_a_stopped_fork_server_does_not_stop_the_loop(start_runner, engine):
-    runner = start_runner("--heartbeat", "1", "--lease", "4", "--poll", "0.2", "--concurrency", "2")
+    # Without a standby child (decision 0341): it would take the first run without the fork server.
+    runner = start_runner("--heartbeat", "1", "--lease", "4", "--poll", "0.2", "--concurrency", "2", "--no-standby")
     server = runner.status()["launcher"]["pid"]
     running = enqueue(engine, "slow", units=200, pause=0.1)
     child = runner.child_for(running.run_id)

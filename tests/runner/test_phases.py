@@ -10,10 +10,11 @@ from runner.drain import Drain
 from runner.finisher import Finisher
 from runner.lease import Heartbeat, Lease
 from runner.ledger_link import LedgerLink
+from runner.loop_state import Requests
 from runner.memory_ledger import MemoryDatabase
 from runner.options import RunnerOptions
 from runner.ports import SystemProcesses
-from runner.tending import Effects, Sampler
+from runner.tending import Conversation, Effects, Sampler
 from scrinalia.domains.archive.registry import RunnerRegistration
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -42,7 +43,8 @@ def _phases(db: MemoryDatabase, clock: ManualClock, runner_id: uuid.UUID) -> tup
     children: dict[int, Any] = {}
     finisher = Finisher(clock, link, runner_id, timings, "spawn", SystemProcesses())
     drain = Drain(clock, timings.drain_timeout, None, lambda: 0)
-    effects = Effects(clock, children, SystemProcesses(), finisher, timings)
+    effects = Effects(clock, children, SystemProcesses(), finisher, timings, Conversation(clock, timings, None),
+                      Requests())
     lease = Lease(clock, timings, children, effects)
     link.fence_point, link.fence_check = lease.fence_point, lease.run
     beat = Heartbeat(clock, timings, link, runner_id, lease, children, effects, finisher, drain,
@@ -82,3 +84,56 @@ def test_the_fence_phase_fences_once_the_margin_is_reached_and_a_beat_lifts_it()
     assert lease.fenced and lease.due() == []  # no live child: nothing to wake the loop for
     beat.beat()
     assert not lease.fenced and cast(float, lease.deadline) > clock.now
+
+
+def test_the_loop_runs_its_phases_in_the_written_order_and_each_follows_what_it_names():
+    """``PHASE_ORDER`` is the one place the order is written; a phase moved before one it must follow
+    (the poll before the heartbeat, the exits before the children's messages) fails here."""
+    from types import SimpleNamespace
+
+    from runner.launchers import SpawnLauncher
+    from runner.loop_state import PHASE_ORDER
+    from runner.supervisor import Supervisor
+
+    names = [position.name for position in PHASE_ORDER]
+    assert len(set(names)) == len(names)
+    for index, position in enumerate(PHASE_ORDER):
+        assert position.why, position.name
+        for earlier in position.after:
+            assert earlier in names[:index], f"{position.name} must follow {earlier}"
+    sup = Supervisor(RunnerOptions(name="x").validate(), engine=None, database_url="", child_connect_args={},
+                     launcher=SpawnLauncher(), install_signals=False,
+                     registration=cast(Any, SimpleNamespace(runner_id=uuid.uuid4(), capabilities=(), name="x")))
+    assert [phase.name for phase in sup.phases] == names
+
+
+def test_a_run_s_end_asks_for_a_claim_and_an_abandoned_one_for_a_beat_through_requests():
+    """Effects never calls the poll or the heartbeat: it writes requests, which the loop hands over."""
+    import socket
+    import subprocess
+    from types import SimpleNamespace
+
+    from runner.children import Child
+    from runner.launchers import ChildExit
+
+    db = MemoryDatabase(clock=lambda: T0)
+    clock, runner_id = ManualClock(), uuid.uuid4()
+    timings = RunnerOptions(name="t", heartbeat_seconds=1.0, lease_seconds=4.0).validate().timings
+    link = LedgerLink(db.session(lock_timeout_s=timings.server_statement_seconds))
+    children: dict[int, Any] = {}
+    finisher = Finisher(clock, link, runner_id, timings, "spawn", SystemProcesses())
+    requests = Requests()
+    effects = Effects(clock, children, SystemProcesses(), finisher, timings, Conversation(clock, timings, None),
+                      requests)
+    a, b = socket.socketpair()
+    b.close()  # the channel is over: its EOF is read at the end
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a real child, its own group
+    run = cast(Any, SimpleNamespace(run_id=uuid.uuid4(), worker_name="w"))
+    child = Child(run=run, pid=process.pid, channel=a, output_fd=None, claimed_at=clock.now)
+    children[child.pid] = child
+    effects.apply(child, child.state.fence(clock.now))  # SIGKILLed by the self-fence
+    assert process.wait(timeout=10) == -9 and not requests.pending()
+    effects.apply(child, child.state.exited(ChildExit(process.pid, None, 9, None, None), clock.now))
+    effects.apply(child, child.state.closed())
+    assert child.pid not in children and requests.claim and requests.beat and requests.held is None
+    assert run.run_id in finisher.abandoned

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from runner import outcome
 from runner.launchers import ChildExit
-from runner.run_state import EOF_GRACE, Action, Phase, RunState, Timing
+from runner.run_state import Action, RunPhase, RunState, Timing
+from runner.timings import EOF_GRACE
 from scrinalia.db.tables import EXIT_REASONS, SQL_DECIDED_EXIT_REASONS, ExitReason
 from scrinalia.domains.archive import ledger
 
@@ -21,8 +22,8 @@ def test_a_run_ends_only_once_its_exit_and_its_channel_s_end_are_both_observed()
     state = RunState(claimed_at=0.0)
     state.started(0.1)
     state.reported({"status": "SUCCESS"}, 0.2)
-    assert state.exited(EXIT, 1.0) == [] and state.phase is Phase.FINISHING  # the channel may hold more
-    assert [e.action for e in state.closed()] == [Action.FINISH] and state.phase is Phase.ENDED
+    assert state.exited(EXIT, 1.0) == [] and state.phase is RunPhase.FINISHING  # the channel may hold more
+    assert [e.action for e in state.closed()] == [Action.FINISH] and state.phase is RunPhase.ENDED
     assert state.closed() == [] and state.exited(EXIT, 2.0) == []  # once
 
     other = RunState(claimed_at=0.0)
@@ -54,7 +55,7 @@ def test_the_first_reason_to_stop_a_child_is_its_outcome():
     assert [e.signal for e in state.stop(signal.SIGTERM, outcome.RUNNER_STOPPED, 1.0)] == [signal.SIGTERM]
     state.stop(signal.SIGKILL, outcome.TIMEOUT, 2.0)
     assert state.stop(signal.SIGKILL, None, 3.0) == []  # SIGKILL once
-    assert state.kill_reason == outcome.RUNNER_STOPPED and state.phase is Phase.STOPPING
+    assert state.kill_reason == outcome.RUNNER_STOPPED and state.phase is RunPhase.STOPPING
 
 
 def test_the_fork_server_s_death_is_decided_by_decide():

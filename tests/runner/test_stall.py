@@ -43,23 +43,24 @@ def test_a_child_in_one_long_c_call_or_busy_in_silence_is_alive(start_runner, en
 
 
 def test_the_stall_rule():
-    from runner.stall import Action, StallWatch, probe_seconds, stack_in
+    from runner.stall import StallStep, StallWatch, stack_in
+    from runner.timings import stall_probe_seconds as probe_seconds
 
     watch = StallWatch(timeout=8, last_sign=0.0)
     assert watch.due_at() == 8
-    assert watch.check(8, cpu_seconds=1.0) is Action.WAIT  # silent: take the CPU baseline, probe
+    assert watch.check(8, cpu_seconds=1.0) is StallStep.WAIT  # silent: take the CPU baseline, probe
     assert watch.due_at() == 8 + probe_seconds(8)
-    assert watch.check(10, cpu_seconds=2.5) is Action.WAIT  # CPU work in silence: alive, from now
+    assert watch.check(10, cpu_seconds=2.5) is StallStep.WAIT  # CPU work in silence: alive, from now
     assert watch.due_at() == 18
     watch.heard(12)  # a message: alive
     assert watch.due_at() == 20
-    assert watch.check(20, cpu_seconds=2.5) is Action.WAIT
-    assert watch.check(22, cpu_seconds=2.51) is Action.DUMP_STACK  # no CPU work in the probe window
+    assert watch.check(20, cpu_seconds=2.5) is StallStep.WAIT
+    assert watch.check(22, cpu_seconds=2.51) is StallStep.DUMP_STACK  # no CPU work in the probe window
     assert watch.silent_seconds_at_dump == 10
     watch.heard(22.5)  # a late message does not undo a stall being handled
     due = watch.due_at()
     assert due is not None
-    assert watch.check(due, cpu_seconds=2.6) is Action.TERMINATE
+    assert watch.check(due, cpu_seconds=2.6) is StallStep.TERMINATE
     assert StallWatch(timeout=0, last_sign=0).due_at() is None  # 0: never
     tail = "noise\nThread 0x00007f (most recent call first):\n  File \"w.py\", line 3 in run_stall\n"
     assert stack_in(tail).startswith("Thread 0x00007f")

@@ -151,7 +151,8 @@ def test_a_deadline_that_calls_for_nothing_does_not_wake_the_loop():
     nothing is due for them until the kill grace, so the loop sleeps instead of spinning."""
     import time
 
-    from runner.supervisor import MAX_SELECT_WAIT, Child
+    from runner.supervisor import Child
+    from runner.timings import MAX_SELECT_WAIT
 
     sup = _idle_supervisor(max_runtime=1, cancel_grace=1, kill_grace=30, drain_timeout=0)
     a, b = socket.socketpair()

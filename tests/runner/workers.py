@@ -57,6 +57,22 @@ def run_segfault(ctx: RunContext) -> None:
     ctypes.string_at(0)
 
 
+def run_warm_vandal(ctx: RunContext) -> dict[str, Any]:
+    """Builds the embedding engine from the fork server's warm copy, overwrites every weight in place, then
+    segfaults: the fork server's copy (copy-on-write) must not see a byte of it."""
+    from scrinalia.domains.archive.workers.embedding import SPEC as EMBEDDING
+    from scrinalia.domains.archive.workers.engines import warm
+
+    options = {"model": _opt(ctx, "model", None), "device": "cpu", "dtype": "float32", "batch_size": 32,
+               "max_length": 256}
+    engine = EMBEDDING.engines["transformers"].load(options)
+    print(f"warm load: {warm.LOADS[-1]['warm']}", flush=True)
+    for parameter in engine.model.parameters():
+        parameter.data.fill_(1.0)
+    ctypes.string_at(0)
+    return {}
+
+
 def run_exit3(ctx: RunContext) -> None:
     print("about to os._exit(3)", flush=True)
     os._exit(3)
@@ -278,6 +294,7 @@ ALL = [
     _spec("slow-b", run_slow),
     _spec("raises", run_raises),
     _spec("segfault", run_segfault),
+    _spec("warm-vandal", run_warm_vandal),
     _spec("exit3", run_exit3),
     _spec("hang", run_hang),
     _spec("memory-hog", run_memory_hog),

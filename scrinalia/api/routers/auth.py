@@ -119,7 +119,10 @@ def me(response: Response, principal: Principal = Depends(session_principal)) ->
 
 
 @router.post("/change-password", status_code=204,
-             responses={401: {"model": ErrorOut}, 403: {"model": ErrorOut}, 422: {"model": ErrorOut}},
+             responses={401: {"model": ErrorOut},
+                        403: {"model": ErrorOut, "description": "The current password is wrong "
+                                                                "(wrong_current_password, with fields), or CSRF"},
+                        422: {"model": ErrorOut}},
              summary="Change one's own password (also the forced change); revokes the user's other sessions")
 def change_password(body: ChangePasswordIn, request: Request,
                     principal: Principal = Depends(session_principal)) -> Response:
@@ -130,6 +133,9 @@ def change_password(body: ChangePasswordIn, request: Request,
             session_id=principal.session.session_id, min_length=c.api.password_min_length, hasher=c.hasher,
         )
     except InvalidUserInput as exc:
+        if exc.field == "current_password":  # a well-formed request the account refuses: not a 422
+            raise ApiError(403, "wrong_current_password", f"{exc.field}: {exc.message}",
+                           fields={exc.field: exc.message}) from None
         raise field_errors({exc.field: exc.message}) from None
     log.info("password changed: user %s", principal.user.id)
     return Response(status_code=204)

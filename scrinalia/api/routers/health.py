@@ -68,7 +68,9 @@ def metrics(
     bearer: HTTPAuthorizationCredentials | None = Depends(bearer_scheme),
     principal: Principal | None = Depends(optional_principal),
 ) -> Any:
-    """The scrape token of API_METRICS_TOKEN, or an ADMIN session."""
+    """The scrape token of API_METRICS_TOKEN, or an ADMIN session. Judged as a whole: an Authorization
+    header that is neither the scrape token nor a session's token is a 401, even beside a valid cookie
+    (``optional_principal`` ignores the cookie whenever the header is present)."""
     c = ctx(request)
     if not c.api.metrics_enabled:
         raise not_found("metrics")

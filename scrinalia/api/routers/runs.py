@@ -32,6 +32,10 @@ log = logging.getLogger("scrinalia.api.runs")
 router = APIRouter(prefix="/runs", tags=["runs"])
 _ERR = SYSTEM_ERRORS
 
+#: What ``typed_run_id`` reads, declared (not enforced: its own message names the rule): 8 to 32 hex
+#: digits, hyphens anywhere. A UUID has 32; fewer is a short id.
+RUN_ID_PATTERN = r"^-*([0-9A-Fa-f]-*){8,32}$"
+
 
 @router.get("", response_model=RunPageOut, responses=_ERR, summary="Runs, newest first, filtered; keyset pagination")
 def list_runs(
@@ -40,7 +44,8 @@ def list_runs(
     status: list[RunStatus] | None = Query(default=None, description="Repeat for several"),
     fingerprint: str | None = Query(default=None, min_length=1, max_length=200),
     trigger: RunTrigger | None = Query(default=None),
-    cursor: str | None = Query(default=None, max_length=20, description="next_cursor of the previous page"),
+    cursor: str | None = Query(default=None, max_length=20, pattern=r"^[0-9]+$",
+                                description="next_cursor of the previous page"),
     limit: int = Query(default=50, ge=1, le=1000),
 ) -> dict[str, Any]:
     c = ctx(request)
@@ -60,7 +65,9 @@ def list_runs(
             responses={**_ERR, 409: {"model": ErrorOut, "description": "A short id that several runs share "
                                                                        "(run_ids_ambiguous, with run_ids)"}},
             summary="One run with its chain of attempts, by its id or a short id (its last 8-12 hex digits)")
-def get_run(run_id: str = Path(max_length=40), *, request: Request) -> dict[str, Any]:
+def get_run(run_id: str = Path(max_length=40, json_schema_extra={"pattern": RUN_ID_PATTERN},
+                              description="A run id, or 8 to 31 of its last hex digits; hyphens anywhere"),
+            *, request: Request) -> dict[str, Any]:
     engine = ctx(request).engine
     typed = typed_run_id(run_id)
     if typed is None:
@@ -126,8 +133,9 @@ def retry_run(run_id: uuid.UUID, request: Request, principal: Principal = Depend
                        "is retried", run=views.run_json(run))
     try:
         clean = validate_run_request(c.catalogue, c.engine, run.worker_name, run.request or {})
-        retry = ledger.enqueue(c.engine, run.worker_name, clean, trigger="API", requested_by=principal.label,
-                               requested_by_user_id=principal.user.id, attempt=run.attempt + 1,
+        retry = ledger.enqueue(c.engine, run.worker_name, clean, trigger=principal.trigger,
+                               requested_by=principal.label, requested_by_user_id=principal.user.id,
+                               attempt=run.attempt + 1,
                                retry_of=run.run_id)
     except InvalidRunRequest as exc:
         raise field_errors({exc.field: exc.message}) from None

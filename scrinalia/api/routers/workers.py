@@ -64,7 +64,7 @@ def _settings_out(name: str, spec: WorkerSpec, engine, persisted: dict[str, Any]
     }
 
 
-@router.get("", response_model=WorkersOut,
+@router.get("", response_model=WorkersOut, responses=_ERR,
             summary="Every worker: settings, counts, active and last run, runners, queued reason")
 def list_workers(request: Request) -> dict[str, Any]:
     c = ctx(request)
@@ -94,7 +94,7 @@ def enqueue_run(request: Request, body: RunRequestIn | None = None, name: str = 
     try:
         clean = catalogue_view.validate_run_request(spec, c.engine, payload)
         run = ledger.enqueue(
-            c.engine, name, clean, trigger="API", requested_by=principal.label,
+            c.engine, name, clean, trigger=principal.trigger, requested_by=principal.label,
             requested_by_user_id=principal.user.id,
         )
     except InvalidRunRequest as exc:

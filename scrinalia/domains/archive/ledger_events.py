@@ -89,6 +89,12 @@ RUN_KEYS = frozenset({"kind", "run_id", "worker", "status", "cancel"})
 RUNNER_KEYS = frozenset({"kind", "runner_id"})
 
 
+#: Every ``EventRefused.reason``: the label values of ``scrinalia_events_dropped_total``, exported at 0 from
+#: the first scrape.
+DROP_REASONS = ("too_large", "too_deep", "not_json", "unknown_kind", "bad_shape", "bad_uuid", "bad_worker",
+                "bad_status", "bad_cancel")
+
+
 class EventRefused(ValueError):
     """A notification that is not one the ledger's triggers send; ``reason`` is a stable code (the
     label of ``scrinalia_events_dropped_total``): too_large, too_deep, not_json, unknown_kind,

@@ -7,9 +7,11 @@ the GPU host: they say whether it exists *here*.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
+from scrinalia.domains.archive.workers.engines import warm
 from scrinalia.domains.archive.workers.sdk import EngineUnavailable, InvalidOption, OptionSpec, Preset
 
 DEVICE = OptionSpec(
@@ -114,10 +116,19 @@ def require_model_dir(path: str | None, what: str) -> Path:
 def load_pretrained(model_class: Any, directory: Path, options: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     """(tokenizer, model in eval mode on its device, device, dtype) from a local model directory, with
     the ``device`` and ``dtype`` options. ``model_class``: a transformers Auto class (AutoModel...)."""
-    from transformers import AutoTokenizer
-
     device = torch_device(options["device"])
     dtype = torch_dtype(options["dtype"], device)
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    model = model_class.from_pretrained(str(directory), dtype=dtype).to(device).eval()
+    key = warm.WarmKey.of(model_class, directory, str(dtype).replace("torch.", ""))
+    started = time.monotonic()
+    held = warm.take(key)
+    if held is not None:
+        # Inherited from the fork server (engines.warm): on the CPU the very tensors, shared copy-on-write
+        # (``to`` returns the module itself); on a GPU this child's own copy on its device.
+        tokenizer, model = held.tokenizer, held.model.to(device)
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        model = model_class.from_pretrained(str(directory), dtype=dtype).to(device).eval()
+    warm.record_load(key, held is not None, time.monotonic() - started)
     return tokenizer, model, device, dtype
