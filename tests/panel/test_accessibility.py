@@ -1,7 +1,8 @@
 """Accessibility of the panel (issue 28): axe-core (vendored under tests/panel/axe/, the npm package's
 unmodified axe.min.js) on every page and state (idle, running, failed, stale, quarantined) at 1280 and
-390 px reports no serious or critical violation of WCAG 2.1 A/AA or axe's best practices; a keyboard-only
-walk performs Run, Cancel, Retry, Resume and a settings change, with a visible focus at each step.
+390 px (and in the dark palette at 1280 px) reports no serious or critical violation of WCAG 2.1 A/AA or
+axe's best practices; a keyboard-only walk performs Run, Cancel, Retry, Resume and a settings change,
+with a visible focus at each step.
 
 axe is injected into a context that bypasses the page's Content-Security-Policy (axe is test code, not
 the panel's); every other panel test walks the pages under the policy.
@@ -84,6 +85,13 @@ def test_axe_finds_nothing_serious_on_any_page_or_state(browser, live_api, panel
     def check(state: str) -> None:
         found[state] = axe_problems(page)
         shot(page, f"a11y-{width}-{state}")
+        if width != 1280:
+            return
+        # The same state in the dark palette (prefers-color-scheme: dark), then back: at one width (the
+        # palette does not change with the width; the test's time does).
+        page.emulate_media(color_scheme="dark")
+        found[f"{state} (dark)"] = axe_problems(page)
+        page.emulate_media(color_scheme="light")
 
     try:
         page.goto("/")

@@ -4,7 +4,7 @@ import { h, replace, announce } from '../dom.js';
 import * as api from '../api.js';
 import { field } from '../forms.js';
 import { timeEl, duration, shortId } from '../format.js';
-import { items, statusBadge, STATUSES, TRIGGERS, activityOf, progressOf } from '../model.js';
+import { items, statusBadge, STATUSES, TRIGGERS, activityOf, progressOf, triggerText } from '../model.js';
 
 const PAGE = 50;
 
@@ -12,7 +12,7 @@ export function mount(main, route, ctx) {
   const params = route.params || {};
   const workerSel = h('select', h('option', { value: '' }, 'All workers'));
   const statusSel = h('select', h('option', { value: '' }, 'Any status'), STATUSES.map((s) => h('option', { value: s }, s)));
-  const triggerSel = h('select', h('option', { value: '' }, 'Any trigger'), TRIGGERS.map((s) => h('option', { value: s }, s)));
+  const triggerSel = h('select', h('option', { value: '' }, 'Any trigger'), TRIGGERS.map((s) => h('option', { value: s }, triggerText(s))));
   const fpInput = h('input', { type: 'search', placeholder: 'error fingerprint', spellcheck: 'false' });
   const filters = {
     worker: field({ label: 'Worker', name: 'worker', control: workerSel }),
@@ -100,7 +100,7 @@ export function mount(main, route, ctx) {
       h('td', { 'data-label': 'Worker' }, r.worker_name),
       h('td', { 'data-label': 'Status' }, statusBadge(r.status),
         r.status === 'RUNNING' && p.total ? h('span.small.muted', ` ${p.done}/${p.total}`) : null),
-      h('td', { 'data-label': 'Trigger' }, r.trigger),
+      h('td', { 'data-label': 'Trigger' }, triggerText(r.trigger)),
       h('td', { 'data-label': 'Requested by' }, r.requested_by || h('span.muted', '—')),
       h('td.nowrap', { 'data-label': 'Queued' }, timeEl(r.queued_at)),
       h('td.num', { 'data-label': 'Duration' }, r.duration_ms !== null && r.duration_ms !== undefined ? duration(r.duration_ms) : '—'),
