@@ -199,10 +199,14 @@ def _watch(all_runners: bool, socket_path: Path | None, name: str | None, interv
 
     if not all_runners:
         answers = _local_answers(socket_path, name)  # fails now, as status does, when nobody answers
-        paths = ([socket_path] if socket_path is not None else [opts.default_socket_path(name)] if name is not None
-                 else _sockets_in(opts.status_dirs())[0])
         title = ", ".join(str(a.get("name")) for a in answers)
-        watch.watch(watch.local_source(paths, control.query), title=f"runner {title}", interval=interval)
+        if socket_path is not None:
+            source = watch.local_source([socket_path], control.query)
+        elif name is not None:
+            source = watch.local_source([opts.default_socket_path(name)], control.query)
+        else:  # the folders are listed anew at each redraw; a dead socket file left there is not shown
+            source = watch.local_source(lambda: _sockets_in(opts.status_dirs())[0], control.query, pinned=False)
+        watch.watch(source, title=f"runner {title}", interval=interval)
         return
     engine = _status_engine()
     try:

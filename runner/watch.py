@@ -99,18 +99,29 @@ def runner_from_status(status: dict[str, Any]) -> RunnerView:
     )
 
 
-def local_source(paths: list[Any],
-                 query: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> Callable[[], list[RunnerView]]:
-    """Ask each control socket for its status at every refresh; a socket that does not answer is shown."""
+def local_source(paths: list[Any] | Callable[[], list[Any]],
+                 query: Callable[[Any, dict[str, Any]], dict[str, Any]], *,
+                 pinned: bool = True) -> Callable[[], list[RunnerView]]:
+    """Ask each control socket for its status at every refresh. ``paths``: the sockets, or a function
+    that lists them anew at each refresh (the shared socket folder: a runner started later appears).
+
+    ``pinned`` (a socket the operator named): shown as "not answering" when it does not answer. Found in
+    a folder: a socket that never answered in this view is a file a stopped runner left behind and is
+    not shown (a folder of them would fill the screen at every redraw); one that answered before and
+    stops answering is shown, since that runner has just gone away."""
+    answered: set[str] = set()
+
     def fetch() -> list[RunnerView]:
         views = []
-        for path in paths:
+        for path in paths() if callable(paths) else paths:
             try:
                 views.append(runner_from_status(query(path, {"command": "status"})))
+                answered.add(str(path))
             except (OSError, ValueError) as exc:
-                views.append(RunnerView(name=str(path), runner_id="", state="not answering", database="unknown",
-                                        heartbeat_age_s=None, lease_margin_s=None, concurrency=0,
-                                        error=f"{exc.__class__.__name__}: {exc}"))
+                if pinned or str(path) in answered:
+                    views.append(RunnerView(name=str(path), runner_id="", state="not answering",
+                                            database="unknown", heartbeat_age_s=None, lease_margin_s=None,
+                                            concurrency=0, error=f"{exc.__class__.__name__}: {exc}"))
         return views
     return fetch
 
@@ -216,25 +227,55 @@ def _duration(seconds: Any) -> str:
 WIDE_COLUMNS = 140
 
 
-def _children_table(children: list[ChildView], rates: RateTracker, *, wide: bool) -> Table:
-    table = Table(box=None, pad_edge=False, header_style="bold")
+#: The worker column's widest (a longer name ends with an ellipsis): the figures are never cut.
+WORKER_MAX = 24
+
+
+def _table_rows(children: list[ChildView], rates: RateTracker, *, wide: bool) -> tuple[list[str], list[list[str]]]:
+    """The columns and the cells of the children's table, in the wide or the narrow layout."""
     columns = (["WORKER", "RUN"] + (["PID", "PHASE"] if wide else [])
                + ["ELAPSED", "PROGRESS", "RATE", "ETA", "RSS", "GPU", "LEASE"])
-    for name in columns:
-        table.add_column(name, justify="left" if name in ("WORKER", "RUN", "PHASE", "PROGRESS") else "right",
-                         no_wrap=True)
+    rows = []
     for c in children:
         rate = rates.rate(c.run_id)
         eta = ((c.total - c.done) / rate if rate and rate > 0 and c.total is not None and c.done is not None
                else None)
-        phase = c.phase + (" (cancel)" if c.cancel_requested else "")
+        phase = c.phase + (", cancel" if c.cancel_requested else "")
         worker = c.worker if wide or phase == "running" else f"{c.worker} ({phase})"
-        cells = ([worker, c.run_id if wide else short_id(c.run_id)]
-                 + ([str(c.pid or "-"), phase] if wide else [])
-                 + [_duration(c.elapsed_s), _progress(c, with_unit=wide),
-                    f"{rate:.1f}/s" if rate is not None else "-", _duration(eta),
-                    _bytes(c.rss_bytes), _bytes(c.gpu_bytes), _duration(c.lease_s)])
-        table.add_row(*cells)
+        rows.append([worker, c.run_id if wide else short_id(c.run_id)]
+                    + ([str(c.pid or "-"), phase] if wide else [])
+                    + [_duration(c.elapsed_s), _progress(c, with_unit=wide),
+                       f"{rate:.1f}/s" if rate is not None else "-", _duration(eta),
+                       _bytes(c.rss_bytes), _bytes(c.gpu_bytes), _duration(c.lease_s)])
+    return columns, rows
+
+
+def _column_widths(columns: list[str], rows: list[list[str]], width: int) -> list[int]:
+    """Every column as wide as its widest cell, but the worker's: what is left, up to ``WORKER_MAX``."""
+    widths = [max([len(name), *(len(row[index]) for row in rows)]) for index, name in enumerate(columns)]
+    gaps = 2 * (len(columns) - 1)  # one space of padding on each side of a column, none at the edges
+    widths[0] = max(len("WORKER"), min(widths[0], WORKER_MAX, width - gaps - sum(widths[1:])))
+    return widths
+
+
+def _fits(columns: list[str], rows: list[list[str]], width: int) -> bool:
+    return sum(_column_widths(columns, rows, width)) + 2 * (len(columns) - 1) <= width
+
+
+def _children_table(children: list[ChildView], rates: RateTracker, *, width: int) -> Table:
+    """One row per child within ``width`` columns: the wide layout (whole run id, pid, phase, unit) from
+    ``WIDE_COLUMNS`` when it fits, else the narrow one. No figure is ever cut or wrapped; the worker's
+    name takes what is left, with an ellipsis when cut."""
+    columns, rows = _table_rows(children, rates, wide=True)
+    if width < WIDE_COLUMNS or not _fits(columns, rows, width):
+        columns, rows = _table_rows(children, rates, wide=False)
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name, column_width in zip(columns, _column_widths(columns, rows, width), strict=True):
+        left = name in ("WORKER", "RUN", "PHASE", "PROGRESS")
+        table.add_column(name, justify="left" if left else "right", no_wrap=True, overflow="ellipsis",
+                         width=column_width)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -254,26 +295,36 @@ def render(views: list[RunnerView], rates: RateTracker, *, title: str, clock: st
     """The whole screen: one block per runner (header line, then its children's table). Under
     ``WIDE_COLUMNS`` columns (an 80-column SSH terminal) the run id is the short one and the pid and the
     phase columns are left out (a phase other than running follows the worker's name)."""
-    parts: list[Any] = [Text.assemble((f"scrinalia-runner status --watch · {title}", "bold"), f" · {clock} · q quits")]
+    parts: list[Any] = [_line(Text.assemble((f"scrinalia-runner status --watch · {title}", "bold"),
+                                            f" · {clock} · q quits"))]
     for v in views:
         parts.append(Text(""))
         if v.error is not None:
-            parts.append(Text.assemble((v.name, "bold"), "  ", (f"{v.state}: {v.error}", "red")))
+            parts.append(_line(Text.assemble((v.name, "bold"), "  ", (f"{v.state}: {v.error}", "red"))))
             continue
         db_style = "green" if v.database.startswith(("ok", "registry: online")) else "yellow"
-        parts.append(Text.assemble(
-            ("runner ", ""), (v.name, "bold"), f"  {v.state}  ", ("database ", ""), (v.database, db_style),
-            f"  heartbeat {_duration(v.heartbeat_age_s)} ago  lease margin {_duration(v.lease_margin_s)}"
-            f"  {len(v.children)}/{v.concurrency} busy"))
+        # Two short lines rather than one that wraps: who and in what state, then its database and lease.
+        parts.append(_line(Text.assemble(("runner ", ""), (v.name, "bold"), f"  {v.state}")))
+        parts.append(_line(Text.assemble(
+            "  database ", (v.database, db_style), f" · heartbeat {_duration(v.heartbeat_age_s)} ago"
+            f" · lease margin {_duration(v.lease_margin_s)} · {len(v.children)}/{v.concurrency} busy")))
         if v.detail:
-            parts.append(Text(f"  {v.detail}", style="dim"))
+            parts.append(_line(Text(f"  {v.detail}", style="dim")))
         if not v.children:
             parts.append(Text("  no children", style="dim"))
             continue
-        parts.append(_children_table(v.children, rates, wide=width >= WIDE_COLUMNS))
+        parts.append(_children_table(v.children, rates, width=width))
     if not views:
         parts.append(Text("no runner", style="dim"))
     return Group(*parts)
+
+
+def _line(text: Text) -> Text:
+    """A line of the view that never wraps: cut with an ellipsis at the terminal's edge (a redraw that
+    wraps pushes the children's table down and off a small terminal)."""
+    text.no_wrap = True
+    text.overflow = "ellipsis"
+    return text
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ What it does, in order (the README's first screen says the same):
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import socket
@@ -36,6 +37,8 @@ from pathlib import Path
 import click
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
+
+from scrinalia.domains.archive.run_ids import short_id
 
 DEFAULT_ADMIN_EMAIL = "admin@scrinalia.local"
 DATABASE_NAME = "scrinalia"
@@ -223,7 +226,7 @@ class Managed:
     def _pump(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            say(line.rstrip("\n"), self.name)
+            say(short_run_ids(line.rstrip("\n")), self.name)
 
     @property
     def pid(self) -> int:
@@ -252,11 +255,25 @@ class Managed:
         return code
 
 
+#: A UUID as the processes log it (a run's, in either case).
+_UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
+
+
+def short_run_ids(line: str) -> str:
+    """One form of run id in the relayed log: the short one the panel and ``status`` show (its last 12
+    hex digits, ``run_ids.short_id``), which every command that takes a run id accepts. The processes
+    log whole ids (their journals keep them); only this developer's view is shortened."""
+    return _UUID.sub(lambda m: short_id(m.group(0)), line)
+
+
 def child_env(database_url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["DATABASE_URL"] = database_url
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("API_COOKIE_SECURE", "false")  # plain http on localhost: the cookie cannot be Secure
+    # No "Loading weights" progress bars from the runner's children: tqdm's redraws are noise in a
+    # relayed log (transformers reads this at import; an operator may set it to 0 to see them).
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if extra:
         env.update(extra)
     return env
