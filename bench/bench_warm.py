@@ -6,7 +6,7 @@ both preloading torch and transformers and serving ``embedding`` and ``typology`
 each, and each worker:
 
 1. the demo run: the 200 documents of the demo collection pending (its stamps reset), enqueue -> SUCCESS
-   (the row's ``finished_at - created_at``, both PostgreSQL's clock);
+   (the row's ``finished_at - queued_at``, both PostgreSQL's clock);
 2. ``--samples`` runs with 1 pending document (a new one before each): enqueue -> SUCCESS, and claim ->
    first batch started, read as ``metrics.child_ready_ms`` (claim -> the worker's code running) plus
    ``metrics.model_load`` (the engine's load: the step before the first batch);
@@ -108,7 +108,7 @@ def _run(engine: Any, worker: str) -> Any:
 
 
 def _seconds(row: Any) -> float:
-    return (row.finished_at - row.created_at).total_seconds()
+    return (row.finished_at - row.queued_at).total_seconds()
 
 
 def _first_batch_ms(row: Any) -> float:
@@ -147,6 +147,8 @@ def _mode(url: str, engine: Any, tmp: Path, mode: str, samples: int) -> dict[str
                 "one_doc_ms_p95": round(percentile(one, 0.95), 1),
                 "first_batch_ms_p50": round(percentile(first, 0.5), 1),
                 "first_batch_ms_p95": round(percentile(first, 0.95), 1),
+                "one_doc_worker_s_p50": round(percentile([r.metrics["worker_seconds"] for r in singles], 0.5), 3),
+                "one_doc_wall_s_p50": round(percentile([r.metrics["wall_seconds"] for r in singles], 0.5), 3),
                 "loads_warm": sum(all(x["warm"] for x in r.metrics.get("model_load") or [{"warm": False}])
                                   for r in singles),
             }

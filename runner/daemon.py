@@ -154,7 +154,9 @@ def serve_daemon(options: RunnerOptions, settings: Any, url: Any, database: tupl
 
         launcher: Any = ForkServerLauncher(options.preload, title=f"scrinalia-runner: fork server {options.name}",
                                            warm=warm_start(options, catalogue, capabilities),
-                                           warm_limit=options.warm_limit_mb << 20, standby=options.standby)
+                                           # --warm-models none: nothing warm, not even after a cold load
+                                           warm_limit=0 if options.warm_models.strip() == "none"
+                                           else options.warm_limit_mb << 20, standby=options.standby)
     else:
         launcher = SpawnLauncher(preload=options.preload)
     sup = Supervisor(

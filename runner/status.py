@@ -50,7 +50,8 @@ STATUS_FIELDS: dict[str, str] = {
     "capabilities": "the workers this runner claims",
     "launcher": "{start_method: forkserver|spawn, pid, preload, preloaded, preload_seconds, healthy, "
                 "cuda_initialized (the fork server's: always false), warm: {models: [{model_class, model_dir, "
-                "dtype, bytes, load_seconds, workers}], bytes, limit_bytes, errors}} (warm: decision 0340)",
+                "dtype, bytes, load_seconds, workers}], bytes, limit_bytes, errors}, standby: {on, pid (the child "
+                "forked ahead, null while none waits), used}} (warm: decision 0340; standby: 0341)",
     "counters": "runs since start: claimed, SUCCESS, FAILED, CANCELLED, INTERRUPTED, lost",
     "timings": "every time quantity in effect (runner.timings, docs/architecture.md \"Timings\"): "
                "{name: {seconds, formula}}",

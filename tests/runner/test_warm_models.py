@@ -96,7 +96,7 @@ def test_no_warm_model_without_transformers_preloaded_or_with_none(start_runner)
     light = start_runner("--capabilities", "embedding", name="light")  # --preload none (the tests' default)
     assert light.status()["launcher"]["warm"]["models"] == []
     off = start_runner("--capabilities", "embedding", "--warm-models", "none", name="off", preload="torch")
-    assert off.status()["launcher"]["warm"]["models"] == []
+    assert off.status()["launcher"]["warm"] == {"models": [], "bytes": 0, "limit_bytes": 0, "errors": []}
 
 
 def test_a_bad_warm_models_dtype_is_a_usage_error(start_runner) -> None:
