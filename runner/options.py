@@ -63,10 +63,26 @@ class RunnerOptions:
     standby: bool = True  # the fork server keeps a child forked ahead (decision 0341)
 
     def validate(self) -> RunnerOptions:
+        """This runner's options if every flag can work; else ``OptionsError`` for the first that cannot,
+        checked in the order below (the flag an operator reads first is named first)."""
+        self._check_name_and_slots()
+        self._check_lease()
+        self._check_cadences()
+        self._check_fence_timings()
+        self._check_devices()
+        self._check_warm_models()
+        if self.start_method not in START_METHODS:
+            raise OptionsError(f"--start-method must be one of {', '.join(START_METHODS)}")
+        return self
+
+    def _check_name_and_slots(self) -> None:
         if not self.name or not self.name.strip():
             raise OptionsError("--name must not be empty")
         if self.concurrency < 1:
             raise OptionsError(f"--concurrency must be at least 1, got {self.concurrency}")
+
+    def _check_lease(self) -> None:
+        """The heartbeat renews the lease: it must come more often than the lease lasts."""
         if self.heartbeat_seconds <= 0:
             raise OptionsError(f"--heartbeat must be positive, got {self.heartbeat_seconds}")
         if self.lease_seconds <= self.heartbeat_seconds:
@@ -75,8 +91,9 @@ class RunnerOptions:
                 "a lease that is not longer than the interval that renews it expires between two heartbeats "
                 "(the default is --heartbeat 15 --lease 60)"
             )
-        self._check_cadences()
-        self._check_fence_timings()
+
+    def _check_devices(self) -> None:
+        """``--per-device`` and ``--devices`` as ``runner.devices`` reads them (no device is looked at)."""
         if self.per_device < 1:
             raise OptionsError(f"--per-device must be at least 1, got {self.per_device}")
         from runner.devices import DeviceError, parse_devices
@@ -85,16 +102,18 @@ class RunnerOptions:
             parse_devices(self.devices)
         except DeviceError as exc:
             raise OptionsError(str(exc)) from None
+
+    def _check_warm_models(self) -> None:
+        """``--warm-limit-mb`` never negative; each ``DIR:DTYPE`` of a listed ``--warm-models`` a known dtype."""
         if self.warm_limit_mb < 0:
             raise OptionsError(f"--warm-limit-mb must not be negative (0: no model warm), got {self.warm_limit_mb}")
+        if self.warm_models.strip() in ("auto", "none"):
+            return
         for item in self.warm_models.split(","):
             dtype = item.strip().partition(":")[2]
-            if self.warm_models.strip() not in ("auto", "none") and dtype and dtype not in WARM_DTYPES:
+            if dtype and dtype not in WARM_DTYPES:
                 raise OptionsError(f"--warm-models: {item.strip()!r}: the dtype must be one of "
                                    f"{', '.join(WARM_DTYPES)}")
-        if self.start_method not in START_METHODS:
-            raise OptionsError(f"--start-method must be one of {', '.join(START_METHODS)}")
-        return self
 
     def _check_cadences(self) -> None:
         """The polls, the graces and the limits: positive where they are intervals, never negative."""

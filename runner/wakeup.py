@@ -95,16 +95,11 @@ class Wakeup:
 
     def read(self, now: float | None = None) -> WakeupNews:
         """Advance the connection; say whether to claim now and which runs were asked to cancel."""
-        news = WakeupNews()
         now = time.monotonic() if now is None else now
         events = self.listener.step(now)
         if self.engine is not None and self.listener.probe_wanted(now):
             self._probe(now)
-        for event in events:
-            if self._claimable(event):
-                news.claim = True
-            elif event.kind == "run" and event.status == "RUNNING" and event.cancel and event.run_id is not None:
-                news.cancelled.add(event.run_id)
+        news = WakeupNews(claim=any(self._claimable(event) for event in events), cancelled=_cancelled_runs(events))
         if news.claim:
             self.wakeups += 1
         return news
@@ -128,3 +123,9 @@ class Wakeup:
 
     def close(self) -> None:
         self.listener.close()
+
+
+def _cancelled_runs(events: Iterable[LedgerEvent]) -> set[uuid.UUID]:
+    """The runs that are RUNNING with a cancel request: the supervisor signals their children."""
+    return {event.run_id for event in events
+            if event.kind == "run" and event.status == "RUNNING" and event.cancel and event.run_id is not None}

@@ -113,10 +113,25 @@ def _is_libpq_form(text: str) -> bool:
 
 
 def _libpq_url(text: str) -> URL:
-    """libpq's URI or ``key=value`` string as a SQLAlchemy URL (see ``parse_database_url``)."""
+    """libpq's URI or ``key=value`` string as a SQLAlchemy URL (see ``parse_database_url``): one TCP host
+    (or none) in the URL's own fields; several hosts, or a socket directory, as ``host=``/``port=`` query
+    values, the form the psycopg dialect hands back to libpq unchanged."""
+    params = _libpq_params(text)
+    user, password, dbname = params.pop("user", None), params.pop("password", None), params.pop("dbname", None)
+    host, port = params.pop("host", None), params.pop("port", None)
+    if host is None or _is_one_tcp_host(host, port):
+        return URL.create("postgresql", username=user, password=password, host=host,
+                          port=_port_number(port), database=dbname, query=params)
+    query = {**params, "host": host, **({"port": port} if port else {})}
+    return URL.create("postgresql", username=user, password=password, database=dbname, query=query)
+
+
+def _libpq_params(text: str) -> dict[str, str]:
+    """libpq's own reading of ``text``; an unknown parameter is refused by its name alone (a name is no
+    secret; libpq's message may quote the URI, password included)."""
     from psycopg.conninfo import conninfo_to_dict
 
-    if "://" in text:  # name a misspelt query parameter (a name is no secret; libpq's message may quote the URI)
+    if "://" in text:  # name a misspelt query parameter before libpq quotes the whole URI
         _refuse_unknown(parse_qs(urlsplit(text).query).keys())
     try:
         parsed = conninfo_to_dict(text)
@@ -125,30 +140,40 @@ def _libpq_url(text: str) -> URL:
         if unknown:
             raise SettingsError(f"libpq knows no connection parameter {unknown.group(1)}") from None
         raise
-    params = {k: str(v) for k, v in parsed.items()}
-    user, password, dbname = params.pop("user", None), params.pop("password", None), params.pop("dbname", None)
-    host, port = params.pop("host", None), params.pop("port", None)
-    simple = host is not None and "," not in host and not host.startswith("/") and "," not in (port or "")
-    if host is None or simple:
-        if port is not None and not port.isdigit():
-            raise SettingsError("its port is not a number")
-        return URL.create("postgresql", username=user, password=password, host=host,
-                          port=int(port) if port else None, database=dbname, query=params)
-    query = {**params, "host": host, **({"port": port} if port else {})}
-    return URL.create("postgresql", username=user, password=password, database=dbname, query=query)
+    return {k: str(v) for k, v in parsed.items()}
+
+
+def _is_one_tcp_host(host: str, port: str | None) -> bool:
+    """One host name or address with at most one port: what SQLAlchemy's URL holds in its own fields."""
+    return "," not in host and not host.startswith("/") and "," not in (port or "")
+
+
+def _port_number(port: str | None) -> int | None:
+    if port is None:
+        return None
+    if not port.isdigit():
+        raise SettingsError("its port is not a number")
+    return int(port)
 
 
 def _check_ports(url: URL) -> None:
+    """Every port the URL names, in its authority or its query, is a number from 1 to 65535."""
     try:
         port = url.port
     except ValueError:
         raise SettingsError("its port is not a number") from None
-    query_ports = url.query.get("port")
-    values = [port] if port is not None else []
-    for item in (query_ports,) if isinstance(query_ports, str) else (query_ports or ()):
-        values += [int(p) if p.strip().isdigit() else -1 for p in item.split(",") if p.strip()]
-    if any(not 0 < p < 65536 for p in values):
+    ports = ([port] if port is not None else []) + _query_ports(url)
+    if any(not 0 < p < 65536 for p in ports):
         raise SettingsError("it has a port that is not a number from 1 to 65535")
+
+
+def _query_ports(url: URL) -> list[int]:
+    """The ports of the query's ``port`` values (each may list several, comma-separated); -1 stands for
+    one that is not a number, so the range check refuses it."""
+    given = url.query.get("port")
+    items = (given,) if isinstance(given, str) else (given or ())
+    texts = [p.strip() for item in items for p in item.split(",")]
+    return [int(p) if p.isdigit() else -1 for p in texts if p]
 
 
 def _check_parameters(url: URL) -> None:

@@ -58,20 +58,30 @@ def classify_database_error(exc: BaseException) -> DatabaseState:
     """
     orig = getattr(exc, "orig", None) or exc
     sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate is None:
+        return "unreachable" if _no_server_answer(exc, orig) else "error"
+    return _state_of_sqlstate(sqlstate)
+
+
+def _state_of_sqlstate(sqlstate: str) -> DatabaseState:
+    """The server answered with ``sqlstate``: a bound we set (blocked), its going away (unreachable), or else."""
     if sqlstate in BLOCKED_SQLSTATES:
         return "blocked"
-    if sqlstate in UNREACHABLE_SQLSTATES or (sqlstate is not None and sqlstate.startswith("08")):
+    if sqlstate in UNREACHABLE_SQLSTATES or sqlstate.startswith("08"):
         return "unreachable"
-    if sqlstate is None:
-        import psycopg
-        from sqlalchemy.exc import DBAPIError
-        from sqlalchemy.exc import TimeoutError as PoolTimeout
-
-        if isinstance(orig, psycopg.OperationalError) or isinstance(exc, PoolTimeout):
-            return "unreachable"  # libpq: connection refused / timed out / closed; no server answer
-        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-            return "unreachable"
     return "error"
+
+
+def _no_server_answer(exc: BaseException, orig: BaseException) -> bool:
+    """A failure without a SQLSTATE that means no connection: libpq's refused / timed out / closed, the
+    pool's wait for a connection, or a connection SQLAlchemy found broken."""
+    import psycopg
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    if isinstance(orig, psycopg.OperationalError) or isinstance(exc, PoolTimeout):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 def is_reconnectable(exc: BaseException) -> bool:

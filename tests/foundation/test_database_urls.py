@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.db.errors import EXIT_DATABASE
 from scrinalia.db.local_cluster import free_port
-from scrinalia.settings import DatabaseUrl, SettingsError, load_settings
+from scrinalia.settings import DatabaseUrl, SettingsError, load_settings, parse_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "pw-never-shown"
@@ -63,6 +63,39 @@ def test_a_bad_url_is_refused_by_name_without_its_secret(monkeypatch, raw, said)
         load_settings()
     assert "RUNNER_DATABASE_URL" in str(err.value) and said in str(err.value), err.value
     assert SECRET not in str(err.value) and SECRET not in str(err.value.__context__)
+
+
+#: Each branch of reading a URL's hosts and ports, pinned: (raw, what it reads as, or the refusal's reason).
+HOST_AND_PORT_READINGS = [
+    ("host=h port=5433 dbname=db user=u", "postgresql+psycopg://u@h:5433/db"),
+    ("host=h dbname=db", "postgresql+psycopg://h/db"),
+    ("dbname=db", "postgresql+psycopg:///db"),
+    ("host=/run/pg dbname=db port=5433", "postgresql+psycopg:///db?host=%2Frun%2Fpg&port=5433"),
+    ("host=h1,h2 dbname=db", "postgresql+psycopg:///db?host=h1%2Ch2"),
+    ("postgresql+psycopg://u@/db?host=/s&port=5432", "postgresql+psycopg://u@/db?host=%2Fs&port=5432"),
+    ("postgresql+psycopg://u@h:5432/db?port=5433", "postgresql+psycopg://u@h:5432/db?port=5433"),
+    ("host=h port=abc dbname=db", "!its port is not a number"),
+    ("postgresql://u@h/db?port=x", "!its port is not a number"),
+    ("host=h port=5432,5433 dbname=db", "!its hosts and ports do not match"),
+    ("postgresql://u@h:0/db", "!it has a port that is not a number from 1 to 65535"),
+    ("postgresql://u@h:70000/db", "!it has a port that is not a number from 1 to 65535"),
+    ("postgresql://u@/db?host=/s&port=5432,0", "!it has a port that is not a number from 1 to 65535"),
+    ("postgresql://u@h/db?port=5432&port=99999", "!it has a port that is not a number from 1 to 65535"),
+    ("postgresql+psycopg://u@/db?host=/s&port=x", "!it has a port that is not a number from 1 to 65535"),
+    ("host=h dbname=db bogus=1", "!libpq knows no connection parameter bogus"),
+    ("postgresql://u@h/db?bogus=1", "!libpq knows no connection parameter bogus"),
+    ("host='unterminated dbname=db", "!is not a valid URL;"),
+]
+
+
+@pytest.mark.parametrize(("raw", "reading"), HOST_AND_PORT_READINGS, ids=[r[0] for r in HOST_AND_PORT_READINGS])
+def test_hosts_and_ports_read_as_pinned(raw, reading):
+    if not reading.startswith("!"):
+        assert parse_database_url(raw).render_as_string(hide_password=False) == reading
+        return
+    with pytest.raises(SettingsError) as err:
+        parse_database_url(raw)
+    assert reading[1:] in str(err.value), err.value
 
 
 def _real_forms(database_url: str, socket_dir: str) -> dict[str, str]:

@@ -181,3 +181,43 @@ def test_a_deeply_nested_or_forged_notification_is_dropped_and_the_connection_st
         assert time.monotonic() < deadline, "the real notification was not heard"
         time.sleep(0.02)
     lst.close()
+
+
+def _wakeup_news_until(wakeup, done, timeout: float = 5.0) -> tuple[bool, set[uuid.UUID]]:
+    """Read ``wakeup`` (waiting on its socket) until ``done(claimed, cancelled)``: what all reads said."""
+    import select
+
+    claimed, cancelled = False, set[uuid.UUID]()
+    deadline = time.monotonic() + timeout
+    while not done(claimed, cancelled):
+        assert time.monotonic() < deadline, (claimed, cancelled)
+        fd = wakeup.fileno()
+        if fd is not None:
+            select.select([fd], [], [], 0.1)
+        news = wakeup.read()
+        claimed, cancelled = claimed or news.claim, cancelled | news.cancelled
+    return claimed, cancelled
+
+
+def test_the_wakeup_claims_for_its_workers_and_names_the_runs_asked_to_cancel(engine: Engine) -> None:
+    """Only a QUEUED run of one of its workers (or a resync) says "claim now"; only a RUNNING run with a
+    cancel request is named cancelled; each read that says "claim" counts one wake-up."""
+    from runner.wakeup import Wakeup
+
+    lst = LedgerListener(conninfo_for(engine, application_name="test-wakeup"), name="wakeup")
+    collect(lst, lambda ev: RESYNC in ev)
+    wakeup = Wakeup(lst, ["w"])
+    asked, running, queued = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    notes = [("other", "QUEUED", False, queued), ("w", "RUNNING", False, running), ("w", "SUCCESS", True, queued),
+             ("w", "RUNNING", True, asked)]
+    with engine.begin() as conn:
+        for worker, status, cancel, run_id in notes:
+            payload = (f'{{"kind":"run","run_id":"{run_id}","worker":"{worker}","status":"{status}",'
+                       f'"cancel":{str(cancel).lower()}}}')
+            conn.execute(text("SELECT pg_notify('scrinalia_ledger', :p)"), {"p": payload})
+    claimed, cancelled = _wakeup_news_until(wakeup, lambda claimed, cancelled: asked in cancelled)
+    assert not claimed and cancelled == {asked} and wakeup.wakeups == 0
+    ledger.enqueue(engine, "w", {})
+    claimed, cancelled = _wakeup_news_until(wakeup, lambda claimed, cancelled: claimed)
+    assert cancelled == set() and wakeup.wakeups == 1
+    lst.close()

@@ -264,3 +264,30 @@ def test_the_cli_checks_and_repairs_the_summary(database_url, engine, monkeypatc
     finally:
         get_settings.cache_clear()
     assert_summary_is_live(engine)
+
+
+def test_queue_counts_by_the_definitions_of_the_queue():
+    """pending / failed / processed from the summary's groups, without a database: other keys and (for a
+    governed queue) ungoverned documents do not count; a per-rule queue is pending on a stale group or
+    another rule set, and on nothing while no rule set is active; failed is never pending too."""
+    from scrinalia.domains.archive.workers.stamp_summary import SUMMARISED, CountGroup, queue_counts
+
+    groups = [
+        CountGroup("ner", governed=True, stale=False, failed=False, ruleset="r1", n=10),
+        CountGroup("ner", governed=True, stale=True, failed=True, ruleset="r1", n=3),   # pending, not failed
+        CountGroup("ner", governed=True, stale=False, failed=True, ruleset="r1", n=2),
+        CountGroup("ner", governed=False, stale=True, failed=False, ruleset="r1", n=100),
+        CountGroup("embedding", governed=False, stale=True, failed=False, ruleset="r1", n=7),
+        CountGroup("embedding", governed=True, stale=False, failed=True, ruleset="r1", n=1),
+        CountGroup("cleaning", governed=True, stale=False, failed=False, ruleset="r1", n=4),
+        CountGroup("cleaning", governed=True, stale=False, failed=True, ruleset="r0", n=5),
+        CountGroup("cleaning", governed=True, stale=True, failed=False, ruleset="r1", n=6),
+    ]
+    assert queue_counts(SUMMARISED["ner"], groups, "r1") == {"pending": 3, "failed": 2, "processed": 10}
+    assert queue_counts(SUMMARISED["embedding"], groups, "r1") == {"pending": 7, "failed": 1, "processed": 0}
+    assert queue_counts(SUMMARISED["cleaning"], groups, "r1") == {"pending": 11, "failed": 0, "processed": 4}
+    assert queue_counts(SUMMARISED["cleaning"], groups, None) == {"pending": 0, "failed": 5, "processed": 10}
+    assert queue_counts(SUMMARISED["typology"], groups, "r1") == {"pending": 0, "failed": 0, "processed": 0}
+    negative = [CountGroup("ner", governed=True, stale=True, failed=False, ruleset="r1", n=1),
+                CountGroup("ner", governed=True, stale=False, failed=False, ruleset="r1", n=-4)]
+    assert queue_counts(SUMMARISED["ner"], negative, "r1") == {"pending": 1, "failed": 0, "processed": 0}

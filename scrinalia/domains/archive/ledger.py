@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -149,32 +149,49 @@ def validate_request(request: Any) -> ValidRequest:
 
 
 def check_request_shape(request: Any) -> ValidRequest:
-    """The one check of a request's shape, whoever asks (``validate_request``)."""
+    """The one check of a request's shape, whoever asks (``validate_request``): an object of the known
+    fields, each set one of its kind (``_FIELD_PROBLEMS``, in ``REQUEST_KEYS``' order), and JSON as a whole."""
     if not isinstance(request, Mapping):
         raise InvalidRunRequest("request", f"must be an object, not {type(request).__name__}")
     unknown = sorted(set(request) - set(REQUEST_KEYS))
     if unknown:
         raise InvalidRunRequest(unknown[0], f"is not a request field (expected one of {', '.join(REQUEST_KEYS)})")
     clean = ValidRequest(request)
-    for key in ("engine_name", "preset"):
-        if clean.get(key) is not None and not (isinstance(clean[key], str) and clean[key].strip()):
-            raise InvalidRunRequest(key, "must be a non-empty string or null")
-    size = clean.get("db_batch_size")
-    if size is not None:
-        if isinstance(size, bool) or not isinstance(size, int):
-            raise InvalidRunRequest("db_batch_size", "must be an integer")
-        if not BATCH_SIZE_MIN <= size <= BATCH_SIZE_MAX:
-            raise InvalidRunRequest(
-                "db_batch_size", f"must be between {BATCH_SIZE_MIN} and {BATCH_SIZE_MAX}, got {size}"
-            )
-    for key in ("options", "engine_options"):
-        if clean.get(key) is not None and not isinstance(clean[key], Mapping):
-            raise InvalidRunRequest(key, "must be an object")
+    for key, problem_of in _FIELD_PROBLEMS.items():
+        problem = problem_of(clean[key]) if clean.get(key) is not None else None
+        if problem is not None:
+            raise InvalidRunRequest(key, problem)
     try:
         json.dumps(clean)
     except (TypeError, ValueError) as exc:
         raise InvalidRunRequest("request", f"must be JSON-serialisable ({exc})") from None
     return clean
+
+
+def _name_problem(value: Any) -> str | None:
+    return None if isinstance(value, str) and value.strip() else "must be a non-empty string or null"
+
+
+def _batch_size_problem(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "must be an integer"
+    if not BATCH_SIZE_MIN <= value <= BATCH_SIZE_MAX:
+        return f"must be between {BATCH_SIZE_MIN} and {BATCH_SIZE_MAX}, got {value}"
+    return None
+
+
+def _object_problem(value: Any) -> str | None:
+    return None if isinstance(value, Mapping) else "must be an object"
+
+
+#: What is wrong with a request field's (non-null) value, or None; one entry per ``REQUEST_KEYS``.
+_FIELD_PROBLEMS: dict[str, Callable[[Any], str | None]] = {
+    "engine_name": _name_problem,
+    "preset": _name_problem,
+    "db_batch_size": _batch_size_problem,
+    "options": _object_problem,
+    "engine_options": _object_problem,
+}
 
 
 def _json(value: Any) -> str | None:

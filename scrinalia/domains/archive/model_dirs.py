@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from scrinalia.domains.archive.workers.sdk import ResolvedConfig, WorkerSpec
+from scrinalia.domains.archive.workers.sdk import OptionSpec, ResolvedConfig, WorkerSpec
 
 ROOTS_ENV = "SCRINALIA_MODEL_ROOTS"
 MAX_REPORTED = 500
@@ -25,16 +25,20 @@ MAX_PATH = 4096
 
 def path_values(spec: WorkerSpec, resolved: ResolvedConfig) -> dict[str, str]:
     """field -> directory for every ``path`` option of ``spec`` (and its engine) that ``resolved`` sets."""
+    out = _set_paths("options", spec.options, resolved.options)
+    engine = spec.engines.get(resolved.engine_name) if resolved.engine_name else None
+    if engine is not None:
+        out.update(_set_paths("engine_options", engine.options, resolved.engine_options))
+    return out
+
+
+def _set_paths(section: str, declared: Mapping[str, OptionSpec], values: Mapping[str, Any]) -> dict[str, str]:
+    """``section.name`` -> value for each declared ``path`` option whose value is a non-empty string."""
     out: dict[str, str] = {}
-    for name, ospec in spec.options.items():
-        value = resolved.options.get(name)
+    for name, ospec in declared.items():
+        value = values.get(name)
         if ospec.type == "path" and isinstance(value, str) and value:
-            out[f"options.{name}"] = value
-    engine = spec.engines.get(resolved.engine_name or "") if resolved.engine_name else None
-    for name, ospec in (engine.options.items() if engine is not None else ()):
-        value = resolved.engine_options.get(name)
-        if ospec.type == "path" and isinstance(value, str) and value:
-            out[f"engine_options.{name}"] = value
+            out[f"{section}.{name}"] = value
     return out
 
 
@@ -79,17 +83,27 @@ def seen_model_dirs(catalogue: Mapping[str, WorkerSpec], capabilities: Iterable[
 def unseen_warnings(spec: WorkerSpec, resolved: ResolvedConfig, runners: Iterable[Any]) -> list[dict[str, str]]:
     """A warning per configured directory that no online runner of ``spec`` reports seeing, among the
     runners that report what they see (an older runner reports nothing and decides nothing)."""
-    reporting = [r for r in runners if r.state == "online" and spec.name in (r.capabilities or [])
-                 and isinstance(r.sees, dict) and "model_dirs" in r.sees]
+    reporting = [r for r in runners if _reports_for(r, spec.name)]
     if not reporting:
         return []
+    seen = _seen_dirs(reporting)
     names = ", ".join(sorted({r.name for r in reporting}))
-    out = []
-    for field_name, directory in path_values(spec, resolved).items():
-        if any(directory in (r.sees.get("model_dirs") or []) for r in reporting):
-            continue
-        out.append({"field": field_name, "message": (
-            f"no online runner of {spec.name} ({names}) saw {directory} when it started: if the directory is "
+    return [{"field": field_name, "message": _unseen_message(spec.name, names, directory)}
+            for field_name, directory in path_values(spec, resolved).items() if directory not in seen]
+
+
+def _reports_for(runner: Any, worker: str) -> bool:
+    """An online runner of ``worker`` that reports the model directories it sees."""
+    return (runner.state == "online" and worker in (runner.capabilities or [])
+            and isinstance(runner.sees, dict) and "model_dirs" in runner.sees)
+
+
+def _seen_dirs(reporting: list[Any]) -> list[Any]:
+    """Every directory the reporting runners saw (their reports as they are, JSON)."""
+    return [d for r in reporting for d in (r.sees.get("model_dirs") or [])]
+
+
+def _unseen_message(worker: str, runners: str, directory: str) -> str:
+    return (f"no online runner of {worker} ({runners}) saw {directory} when it started: if the directory is "
             "not on the runner's host, every run fails EngineUnavailable. Put the model there (or list its "
-            f"parent in {ROOTS_ENV}) and restart the runner, or correct the path.")})
-    return out
+            f"parent in {ROOTS_ENV}) and restart the runner, or correct the path.")

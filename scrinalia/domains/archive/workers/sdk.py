@@ -793,9 +793,7 @@ def retry_database(what: str, attempt: Callable[[], T], bound_seconds: float) ->
     A transaction the server ended for idling (25P03) is tried once more (a child that was frozen and
     resumed deserves it: the fence then decides); twice in a row, the attempt itself holds it open, and
     ``BatchHeldOpen`` names that cause at once instead of "the database stayed blocked"."""
-    deadline: float | None = None
-    tries = 0
-    idled = 0
+    retries = _Retries(what, bound_seconds)
     while True:
         try:
             return attempt()
@@ -806,23 +804,43 @@ def retry_database(what: str, attempt: Callable[[], T], bound_seconds: float) ->
             state = classify_database_error(exc)
             if state not in ("unreachable", "blocked"):
                 raise
-            sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
-            idled = idled + 1 if sqlstate == IDLE_IN_TRANSACTION_SQLSTATE else 0
-            if idled >= 2:
-                raise _held_open(what, bound_seconds, exc) from None
-            now = time.monotonic()
-            deadline = deadline if deadline is not None else now + bound_seconds
-            if now >= deadline:
-                if idled:
-                    raise _held_open(what, bound_seconds, exc) from None
-                raise DatabaseOutage(
-                    f"the database stayed {state} for longer than the run's lease ({bound_seconds:g} s) "
-                    f"during {what}: {describe_database_error(exc)}") from None
-            pause = RETRY_PAUSES[min(tries, len(RETRY_PAUSES) - 1)]
-            tries += 1
-            print(f"database {state} during {what} (try {tries}): {describe_database_error(exc)}; "
-                  f"trying again in {pause:g} s", file=sys.stderr, flush=True)
-            time.sleep(min(pause, max(0.0, deadline - now)))
+            retries.wait_after(exc, state)
+
+
+@dataclass
+class _Retries:
+    """Where one ``retry_database`` stands: its deadline (set by the first failure), the tries so far
+    (they pick the pause) and the idle-transaction ends in a row (two name ``BatchHeldOpen``)."""
+
+    what: str
+    bound_seconds: float
+    deadline: float | None = None
+    tries: int = 0
+    idled: int = 0
+
+    def wait_after(self, exc: DBAPIError, state: str) -> None:
+        """Pause before the next try, or raise what ends the retries: ``BatchHeldOpen`` or ``DatabaseOutage``."""
+        sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+        self.idled = self.idled + 1 if sqlstate == IDLE_IN_TRANSACTION_SQLSTATE else 0
+        if self.idled >= 2:
+            raise _held_open(self.what, self.bound_seconds, exc) from None
+        now = time.monotonic()
+        self.deadline = self.deadline if self.deadline is not None else now + self.bound_seconds
+        if now >= self.deadline:
+            raise self._gave_up(exc, state) from None
+        pause = RETRY_PAUSES[min(self.tries, len(RETRY_PAUSES) - 1)]
+        self.tries += 1
+        print(f"database {state} during {self.what} (try {self.tries}): {describe_database_error(exc)}; "
+              f"trying again in {pause:g} s", file=sys.stderr, flush=True)
+        time.sleep(min(pause, max(0.0, self.deadline - now)))
+
+    def _gave_up(self, exc: DBAPIError, state: str) -> DatabaseOutage:
+        """The bound is out: an idle end is still the attempt's own doing, anything else the database's."""
+        if self.idled:
+            return _held_open(self.what, self.bound_seconds, exc)
+        return DatabaseOutage(
+            f"the database stayed {state} for longer than the run's lease ({self.bound_seconds:g} s) "
+            f"during {self.what}: {describe_database_error(exc)}")
 
 
 class RunContext:

@@ -89,16 +89,26 @@ def queue_counts(queue: StampQueue, groups: list[CountGroup], ruleset: str | Non
     eligible documents (the governed ones for a governed queue)."""
     pending = failed = eligible = 0
     for g in groups:
-        if g.stamp_key != queue.key or (queue.governed and not g.governed):
+        if not _counted_by(queue, g):
             continue
-        if queue.per_rule:  # nothing is pending while no rule is active; a rule change re-queues all
-            is_pending = ruleset is not None and (g.stale or g.ruleset != ruleset)
-        else:
-            is_pending = g.stale
+        is_pending = _is_pending(queue, g, ruleset)
         eligible += g.n
         pending += g.n if is_pending else 0
         failed += g.n if g.failed and not is_pending else 0
     return {"pending": pending, "failed": failed, "processed": max(0, eligible - pending - failed)}
+
+
+def _counted_by(queue: StampQueue, group: CountGroup) -> bool:
+    """The group's documents are ``queue``'s: its stamp key, and governed ones for a governed queue."""
+    return group.stamp_key == queue.key and (group.governed or not queue.governed)
+
+
+def _is_pending(queue: StampQueue, group: CountGroup, ruleset: str | None) -> bool:
+    """The execution's condition: a stale stamp; for a per-rule queue also another rule set than the
+    active one, and nothing while no rule is active (a rule change re-queues all)."""
+    if queue.per_rule:
+        return ruleset is not None and (group.stale or group.ruleset != ruleset)
+    return group.stale
 
 
 def summary_counts(engine: Engine | Connection, queues: Mapping[str, StampQueue]) -> dict[str, dict[str, int]]:
