@@ -331,38 +331,50 @@ def _run_request(worker: str, engine_name: str | None, preset: str | None, db_ba
     """The run's request from the command line: ``--request`` (the API's JSON), then the flags over it,
     each ``KEY=VALUE`` read by the catalogue's declared type. Judged later by the shared validation,
     the API's, with its messages (exit 2)."""
-    from runner.oneshot import parse_option, request_from_json
-    from scrinalia.domains.archive.errors import InvalidRunRequest
+    from runner.oneshot import request_from_json
     from scrinalia.domains.archive.workers.plugins import load_catalogue
-    from scrinalia.domains.archive.workers.validation import option_from_text
 
     try:
         request = request_from_json(request_json) if request_json is not None else {}
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    for key, value in (("engine_name", engine_name), ("preset", preset), ("db_batch_size", db_batch_size)):
-        if value is not None:
-            request[key] = value
+    flags = {"engine_name": engine_name, "preset": preset, "db_batch_size": db_batch_size}
+    request.update({key: value for key, value in flags.items() if value is not None})
     spec = load_catalogue().get(worker)
     chosen = request.get("engine_name") if isinstance(request.get("engine_name"), str) else None
     for section, flag, pairs in (("options", "--option", option_pairs),
                                  ("engine_options", "--engine-option", engine_option_pairs)):
-        if not pairs:
-            continue
-        values = dict(request.get(section) or {}) if isinstance(request.get(section), dict) else {}
-        for pair in pairs:
-            try:
-                key, text = parse_option(pair, flag)
-                if section == "options" and key.startswith("engine_options."):
-                    raise click.UsageError(f"{flag} {pair!r}: an engine option takes --engine-option "
-                                           f"{key.removeprefix('engine_options.')}=VALUE")
-                values[key] = option_from_text(spec, section, key, text, chosen)
-            except InvalidRunRequest as exc:
-                opts.exit_with(opts.EXIT_USAGE, str(exc))
-            except ValueError as exc:
-                raise click.UsageError(str(exc)) from None
-        request[section] = values
+        if pairs:
+            request[section] = _section_with_flags(request.get(section), spec, section, flag, pairs, chosen)
     return request
+
+
+def _section_with_flags(given: Any, spec: Any, section: str, flag: str, pairs: tuple[str, ...],
+                        engine_name: str | None) -> dict[str, Any]:
+    """``--request``'s ``section`` (when it is an object) with each ``KEY=VALUE`` of ``flag`` over it."""
+    values = dict(given) if isinstance(given, dict) else {}
+    values.update(_flag_value(spec, section, flag, pair, engine_name) for pair in pairs)
+    return values
+
+
+def _flag_value(spec: Any, section: str, flag: str, pair: str, engine_name: str | None) -> tuple[str, Any]:
+    """One ``KEY=VALUE`` of ``flag`` as the key and the JSON value a request carries (read by the type the
+    catalogue declares for it in ``section``); a malformed one is a usage error, a value its type cannot
+    read exits 2 with the shared validation's message."""
+    from runner.oneshot import parse_option
+    from scrinalia.domains.archive.errors import InvalidRunRequest
+    from scrinalia.domains.archive.workers.validation import option_from_text
+
+    try:
+        key, text = parse_option(pair, flag)
+        if section == "options" and key.startswith("engine_options."):
+            raise click.UsageError(f"{flag} {pair!r}: an engine option takes --engine-option "
+                                   f"{key.removeprefix('engine_options.')}=VALUE")
+        return key, option_from_text(spec, section, key, text, engine_name)
+    except InvalidRunRequest as exc:
+        opts.exit_with(opts.EXIT_USAGE, str(exc))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def _run_once(url: Any, settings: Any, worker: str, request: dict[str, Any], **kwargs: Any) -> Any:

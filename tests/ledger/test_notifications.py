@@ -221,3 +221,46 @@ def test_the_wakeup_claims_for_its_workers_and_names_the_runs_asked_to_cancel(en
     claimed, cancelled = _wakeup_news_until(wakeup, lambda claimed, cancelled: claimed)
     assert cancelled == set() and wakeup.wakeups == 1
     lst.close()
+
+
+def _notify_runs(engine: Engine, count: int) -> None:
+    """``count`` distinct QUEUED notifications for worker ``w`` in one transaction (one burst on the socket)."""
+    with engine.begin() as conn:
+        conn.execute(text(
+            "SELECT pg_notify('scrinalia_ledger', json_build_object('kind', 'run', 'run_id', gen_random_uuid(), "
+            "'worker', 'w', 'status', 'QUEUED', 'cancel', false)::text) FROM generate_series(1, :n)"), {"n": count})
+
+
+def test_a_flood_is_read_in_bounded_steps_and_the_rest_is_due_now(engine: Engine) -> None:
+    """One step hands over at most MAX_EVENTS_PER_STEP events; the rest, already off the socket, makes
+    ``due_at`` say "now" (not the next socket readiness) and comes with the next step."""
+    from scrinalia.domains.archive.ledger_events import MAX_EVENTS_PER_STEP
+
+    lst = LedgerListener(conninfo_for(engine, application_name="test-flood"), name="flood")
+    collect(lst, lambda ev: RESYNC in ev)
+    _notify_runs(engine, MAX_EVENTS_PER_STEP + 5)
+    first = collect(lst, lambda ev: len(ev) >= MAX_EVENTS_PER_STEP, timeout=10)
+    if len(first) == MAX_EVENTS_PER_STEP:  # the whole burst had arrived by the step that read it
+        assert lst.due_at() <= time.monotonic()
+    rest = collect(lst, lambda ev: len(first) + len(ev) >= MAX_EVENTS_PER_STEP + 5, timeout=10)
+    assert len(first) + len(rest) == MAX_EVENTS_PER_STEP + 5 and lst.due_at() > time.monotonic()
+    assert {ev.kind for ev in first + rest} == {"run"}
+    lst.close()
+
+
+def test_a_probing_listener_resyncs_once_when_its_probe_comes_back(engine: Engine) -> None:
+    """With a probe the LISTEN is worth nothing until its own NOTIFY comes back: no resync at subscribe,
+    one when the probe is heard, none for a later probe; the ledger's events pass as usual."""
+    from scrinalia.domains.archive.ledger_events import send_probe
+
+    lst = LedgerListener(conninfo_for(engine, application_name="test-probe"), name="probe", probe=True)
+    collect(lst, lambda ev: lst.probe_wanted())
+    assert not lst.hears
+    send_probe(engine, lst.probe_channel)
+    lst.probe_sent()
+    assert collect(lst, lambda ev: RESYNC in ev) == [RESYNC] and lst.hears
+    send_probe(engine, lst.probe_channel)
+    _notify_runs(engine, 1)
+    later = collect(lst, lambda ev: len(ev) >= 1)
+    assert [ev.kind for ev in later] == ["run"]
+    lst.close()

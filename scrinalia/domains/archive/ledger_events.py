@@ -372,8 +372,17 @@ class LedgerListener:
             if not self.probe:
                 events.append(RESYNC)
         self._more = False
+        self._drain(pg, events)
+        if pg.status == pq.ConnStatus.BAD:
+            raise ConnectionError(self._error_message())
+        return events
+
+    def _drain(self, pg: PGconn, events: list[LedgerEvent]) -> None:
+        """The notifications already read off the socket, onto ``events``: at most MAX_EVENTS_PER_STEP,
+        the rest left for the next step (``_more``). Our own probe coming back is no event, but the
+        first one makes the LISTEN worth something: a resync."""
         while (note := pg.notifies()) is not None:
-            if self.probe and note.relname.decode("utf-8", errors="replace") == self.probe_channel:
+            if self._is_probe(note.relname):
                 if not self._proven:
                     self._heard()
                     events.append(RESYNC)  # only now is the LISTEN worth anything: re-read the truth
@@ -383,10 +392,10 @@ class LedgerListener:
                 events.append(event)
             if len(events) >= MAX_EVENTS_PER_STEP:
                 self._more = True  # the rest is already read off the socket: due_at() says "now"
-                break
-        if pg.status == pq.ConnStatus.BAD:
-            raise ConnectionError(self._error_message())
-        return events
+                return
+
+    def _is_probe(self, channel: bytes) -> bool:
+        return self.probe and channel.decode("utf-8", errors="replace") == self.probe_channel
 
     def _parse(self, payload: bytes) -> LedgerEvent | None:
         """One notification as an event, or None: dropped with one log line (and ``on_drop``)."""
