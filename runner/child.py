@@ -121,6 +121,28 @@ def rehearse() -> None:
     thread.join()
 
 
+# A standby child's engine, built before its run arrived (``prepare_engine``): (the parameters, the engine).
+_PREPARED: tuple[dict[str, Any], Any] | None = None
+ENGINE_FIELDS = ("database_url", "connect_args", "server_facts")
+
+
+def prepare_engine(how: dict[str, Any]) -> None:
+    """Build, ahead, the engine an assignment with these ``ENGINE_FIELDS`` would (it connects on its
+    first statement only): the run's start then skips it (decision 0341)."""
+    global _PREPARED
+    if _PREPARED is not None:
+        _PREPARED[1].dispose()
+    _PREPARED = (dict(how), _engine(how))
+
+
+def _prepared_engine(assign: dict[str, Any]) -> Any | None:
+    """The prepared engine if the assignment reaches the database the same way, else None."""
+    if _PREPARED is None:
+        return None
+    how, engine = _PREPARED
+    return engine if all(how.get(k) == assign.get(k) for k in ENGINE_FIELDS) else None
+
+
 # --- the link to the parent (the SDK's ChildChannel) ------------------------------------------------
 
 
@@ -285,7 +307,8 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
 
     from scrinalia.domains.archive.workers.sdk import RunContext
 
-    engine = _engine(assign)
+    prepared = _prepared_engine(assign)
+    engine = prepared or _engine(assign)
     resolved = assign["config"]  # the supervisor's resolution, already in the row (record_start)
     link.batch_size = resolved.db_batch_size
     link.watch_parent()
@@ -299,7 +322,7 @@ def _serve(channel: socket.socket, catalogue: dict | None) -> int:
         # The worker's own stall timeout, if it declares one (runner.stall); None: the runner's.
         link.send("started", {"t": started, "stall_timeout": getattr(spec, "stall_timeout", None)})
         ending = _run_worker(spec, ctx)
-    _report(link, ending, started, ctx.done)
+    _report(link, ending, started, ctx.done, engine_ahead=prepared is not None)
     engine.dispose()
     return 0 if ending.status in ("SUCCESS", "CANCELLED") else 1
 
@@ -341,7 +364,7 @@ def _run_worker(spec: Any, ctx: Any) -> Ending:
                       reason="configuration" if isinstance(exc, InvalidRunRequest) else None)
 
 
-def _report(link: ParentLink, ending: Ending, started: float | None, done: int) -> None:
+def _report(link: ParentLink, ending: Ending, started: float | None, done: int, engine_ahead: bool = False) -> None:
     link.send("result", {
         "status": ending.status,
         "result": _json_safe(ending.result),
@@ -349,7 +372,7 @@ def _report(link: ParentLink, ending: Ending, started: float | None, done: int) 
         "reason": ending.reason,
         "lease_lost": ending.lease_lost,
         "progress": link.progress,
-        "metrics": _metrics(started, done),
+        "metrics": {**_metrics(started, done), **({"engine_ahead": True} if engine_ahead else {})},
     })
 
 

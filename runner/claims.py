@@ -23,6 +23,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from runner import wire
+from runner.child import ENGINE_FIELDS
 from runner.children import Child
 from runner.devices import Placement, child_env
 from runner.drain import Drain
@@ -209,11 +210,15 @@ class Starts:
                       if devices is not None and device is not None else None)
         child.resources.oom_kills_at_start = self.processes.oom_kill_counter()
         self.children[pid] = child
+        assignment = self._assignment(run, resolved, device)
         try:
-            wire.send(ours, "assign", self._assignment(run, resolved, device))
+            wire.send(ours, "assign", assignment)
         except OSError as exc:
             log.error("run %s: the child %d did not take its assignment: %s", run.run_id, pid, exc,
                       extra=run_fields(run))
+        prepare = getattr(self.launcher, "set_prepare", None)
+        if prepare is not None:  # the next standby child builds its engine ahead (decision 0341)
+            prepare({k: assignment[k] for k in ENGINE_FIELDS})
         ours.setblocking(False)
         log.info("run %s (%s) -> child %d%s", run.run_id, run.worker_name, pid,
                  f" on GPU {device.key}" if device is not None else "", extra=run_fields(run))

@@ -93,44 +93,20 @@ def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title:
     send("ready", ready)
     server_pid, link_fd = os.getpid(), link.fileno()
 
-    def fork_standby() -> None:
-        """A child forked ahead (decision 0341): it waits for its run's socket and output, handed over by
-        the supervisor directly (this server is not on that path), then becomes a child as a spawned one
-        would. Its end of that hand-over goes to the supervisor; it exits quietly when it is closed."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        gc.freeze()  # what the server holds is never traversed by a child's collector (no page copied)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                signal.set_wakeup_fd(-1)
-                os.close(wake_r)
-                os.close(wake_w)
-                link.close()
-                ours.close()
-                child_module.set_pdeathsig(signal.SIGKILL)
-                if os.getppid() != server_pid:
-                    os._exit(child_module.EXIT_ORPHANED)
-                procinfo.set_title("scrinalia-runner: standby child")
-                child_module.rehearse()
-                handed = _await_hand_over(theirs)
-                if handed is None:
-                    os._exit(0)  # replaced (a newer standby) or the supervisor is gone: no run was ours
-                channel_fd, output_fd = handed
-                child_module.become_child(server_pid, output_fd)
-                child_module.child_main(socket.socket(fileno=channel_fd), catalogue=catalogue)
-            finally:
-                os._exit(child_module.EXIT_INTERNAL)
-        theirs.close()
-        try:
-            socket.send_fds(link, [pickle.dumps(("standby", pid))], [ours.fileno()])
-        finally:
-            ours.close()
-
-    if standby:
-        fork_standby()
+    want_standby = standby  # decision 0341: one child forked ahead, again after each use or warm load
     while True:
+        if want_standby:
+            want_standby = False
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            pid = _fork()
+            if pid == 0:  # the standby child (forked here too: its stack dumps keep their depth)
+                try:
+                    channel_fd, output_fd = _standby_wait(server_pid, (wake_r, wake_w), link, ours, theirs)
+                    child_module.become_child(server_pid, output_fd)
+                    child_module.child_main(socket.socket(fileno=channel_fd), catalogue=catalogue)
+                finally:
+                    os._exit(child_module.EXIT_INTERNAL)
+            _offer_standby(link, pid, ours, theirs)
         try:
             readable, _, _ = select.select([link_fd, wake_r], [], [])
         except InterruptedError:
@@ -145,21 +121,15 @@ def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title:
             return  # the supervisor closed the link (or died): leave; PDEATHSIG takes the children
         if not request:
             continue
-        if request[0] == "warm":
-            warm_models.load(request[1], (request[2],), replace=True)
-            send("warmed", warm_models.info())
-            if standby:
-                fork_standby()  # one that holds the new model; the supervisor closes the older one
-            continue
-        if request[0] == "standby":
-            if standby:
-                fork_standby()
+        if request[0] in ("warm", "standby"):
+            if request[0] == "warm":
+                warm_models.load(request[1], (request[2],), replace=True)
+                send("warmed", warm_models.info())
+            # After a warm load: one that holds the new model (the supervisor closes the older one).
+            want_standby = standby
             continue
         token, channel_fd, output_fd = request
-        sys.stdout.flush()
-        sys.stderr.flush()
-        gc.freeze()
-        pid = os.fork()
+        pid = _fork()
         if pid == 0:  # the child (forked here, not in a helper: its stack dumps keep their depth)
             try:
                 signal.set_wakeup_fd(-1)
@@ -173,6 +143,47 @@ def serve(link: socket.socket, parent_pid: int, preload: tuple[str, ...], title:
         os.close(channel_fd)
         os.close(output_fd)
         send("spawned", token, pid)
+
+
+def _fork() -> int:
+    """``os.fork`` with the streams flushed (a child must not repeat buffered output) and the server's
+    objects frozen (a child's collector never traverses, so never copies, the server's pages)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.freeze()
+    return os.fork()
+
+
+def _standby_wait(server_pid: int, wake: tuple[int, int], link: socket.socket, ours: socket.socket,
+                  theirs: socket.socket) -> tuple[int, int]:
+    """In a standby child (decision 0341): drop the server's descriptors, rehearse a run's start, wait for
+    the run's socket and output, handed over by the supervisor directly (the server is not on that path).
+    Exits quietly when its end is closed (a newer standby replaced it, or the supervisor is gone)."""
+    from runner import child as child_module
+
+    signal.set_wakeup_fd(-1)
+    for fd in wake:
+        os.close(fd)
+    link.close()
+    ours.close()
+    child_module.set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != server_pid:
+        os._exit(child_module.EXIT_ORPHANED)
+    procinfo.set_title("scrinalia-runner: standby child")
+    child_module.rehearse()
+    handed = _await_hand_over(theirs)
+    if handed is None:
+        os._exit(0)  # no run was ever ours
+    return handed
+
+
+def _offer_standby(link: socket.socket, pid: int, ours: socket.socket, theirs: socket.socket) -> None:
+    """Hand the supervisor its end of the standby's socket (``("standby", pid)`` + SCM_RIGHTS)."""
+    theirs.close()
+    try:
+        socket.send_fds(link, [pickle.dumps(("standby", pid))], [ours.fileno()])
+    finally:
+        ours.close()
 
 
 def _preload(preload: tuple[str, ...]) -> tuple[dict[str, Any], dict | None]:
@@ -268,14 +279,23 @@ class WarmModels:
 
 
 def _await_hand_over(sock: socket.socket) -> tuple[int, int] | None:
-    """A standby child's wait: (channel_fd, output_fd) from the supervisor, or None when its end closed."""
+    """A standby child's wait: (channel_fd, output_fd) from the supervisor, or None when its end closed.
+    A ("prepare", how the child reaches the database) on the way builds the run's engine ahead
+    (``child.prepare_engine``; it connects nowhere)."""
+    from runner import child as child_module
+
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, 64, 2)
+            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_PACKET, 2)
         except InterruptedError:
             continue
         except OSError:
             return None
+        if data and data != b"go" and not fds:
+            message = pickle.loads(data)
+            if message[0] == "prepare":
+                child_module.prepare_engine(message[1])
+            continue
         if not data or len(fds) != 2:
             for fd in fds:
                 os.close(fd)
@@ -360,6 +380,9 @@ class ForkServerLauncher:
         self._standby: tuple[int, socket.socket] | None = None  # its pid, our end of its hand-over
         self.standby_used = 0
         self._standby_asked = False  # a ("standby",) request is on its way
+        # How a child reaches the database (database_url, connect_args, server_facts): sent to each standby
+        # as it arrives, so it builds its engine ahead (``child.prepare_engine``). Set by the supervisor.
+        self.prepare: dict[str, Any] | None = None
         self.warm_start = warm  # the models kept warm: (engines.warm key, the workers that use it)
         self.warm_limit = warm_limit
         self.warm_info: dict[str, Any] = {}
@@ -476,6 +499,7 @@ class ForkServerLauncher:
             self._drop_standby()  # an older one (forked before a warm load) leaves when its end closes
             self._standby = (int(message[1]), message[2])
             self._standby_asked = False
+            self._send_prepare()
         elif message[0] == "exited":
             if self._standby is not None and message[1].pid == self._standby[0]:
                 self._drop_standby()  # it died waiting (killed): the next spawn is a plain one
@@ -559,6 +583,21 @@ class ForkServerLauncher:
         except OSError:
             return  # a full buffer (a stopped server): asked again after the next plain spawn
         self._standby_asked = True
+
+    def set_prepare(self, prepare: dict[str, Any]) -> None:
+        """How children reach the database; the waiting standby (and each later one) builds its engine."""
+        if prepare == self.prepare:
+            return
+        self.prepare = prepare
+        self._send_prepare()
+
+    def _send_prepare(self) -> None:
+        if self._standby is None or self.prepare is None:
+            return
+        try:
+            self._standby[1].send(pickle.dumps(("prepare", self.prepare)))
+        except OSError:
+            pass  # it is gone: its exit report drops it
 
     def _drop_standby(self) -> None:
         if self._standby is not None:

@@ -19,7 +19,6 @@ from runner.database import check_schema, child_connect_args, parent_engine, reg
 from runner.launchers import SpawnLauncher
 from runner.options import RunnerOptions
 from runner.supervisor import Supervisor
-from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.workers.plugins import load_catalogue
 from scrinalia.domains.archive.workers.sdk import ResolvedConfig
@@ -66,8 +65,6 @@ def run_once(
         # resolution is the run's: the run starts now, so it is not resolved again (decision 0135).
         catalogue = load_catalogue()
         validated = validated_run(catalogue, engine, worker_name, request)
-        # A crashed earlier CLI run would hold the slot until its lease is expired: repair first.
-        ledger.expire_leases(engine)
         sup = Supervisor(
             options, engine=engine, database_url=url.render(), child_connect_args=child_connect_args(settings, options),
             launcher=SpawnLauncher(preload=preload), mode="oneshot", install_signals=handle_signals,

@@ -161,7 +161,7 @@ class Supervisor:
 
     def open(self) -> None:
         """Install the signal handlers (a signal from now on waits in the self-pipe for the loop), register,
-        start the launcher. The daemon also expires stale leases (at start, then every ``expiry``)."""
+        start the launcher. Stale leases are expired first (the daemon's poll then does it every ``expiry``)."""
         if self._install_signals:
             self.signals.install()
         self.db.send("register", self.db.ledger.register, self.registration)
@@ -172,8 +172,7 @@ class Supervisor:
             self.runner_id, self.registration.name, self.registration.kind, ",".join(self.capabilities) or "-",
             self.options.concurrency, self.timings.heartbeat, self.timings.lease,
         )
-        if self.mode == "daemon":
-            self.poll.expire_leases()
+        self.poll.expire_leases()  # the one-shot's too: a crashed earlier run must not hold the slot it needs
         self.launcher.start()
         info = self.launcher.info()
         if info.get("start_method") == "forkserver":

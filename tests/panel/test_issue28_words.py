@@ -123,30 +123,32 @@ def test_a_run_says_its_unit_and_that_it_is_starting(page, panel_engine, runner_
     slow = card(page, "panel-slow")
     expect(slow.locator(".progress-text")).to_contain_text("Starting: loading the model", timeout=20_000)
     expect(slow.locator(".progress-text")).not_to_contain_text("0 units")
-    page.goto(f"/#/runs/{run.run_id}")
-    page.wait_for_function("() => { const f = " + FIG.format(kind="run") + "; return f && f.chart.uplot; }",
-                           timeout=20_000)
+    # The run's page, open while the model loads: its chart is made from heartbeat samples without a unit.
+    run_page = page.context.new_page()
+    run_page.goto(f"/#/runs/{run.run_id}")
+    run_page.wait_for_function("() => { const f = " + FIG.format(kind="run") + "; return f && f.chart.uplot; }",
+                               timeout=20_000)
     wait_db(panel_engine, "panel-slow", lambda r: r["status"] == "SUCCESS", 60, "SUCCESS")
-    legend = page.locator('figure[data-chart="run"] .u-legend')
+    legend = run_page.locator('figure[data-chart="run"] .u-legend')
     expect(legend).to_contain_text("items/s")
     expect(legend).not_to_contain_text("units/s")
     # Whole seconds between the time ticks, however young the run was when its chart was made.
-    splits = page.evaluate("() => { const u = " + FIG.format(kind="run") + ".chart.uplot; return u.axes[0]._splits; }")
+    splits = run_page.evaluate("() => " + FIG.format(kind="run") + ".chart.uplot.axes[0]._splits")
     assert len(splits) >= 2 and min(b - a for a, b in zip(splits, splits[1:], strict=False)) >= 1, splits
-    expect(page.locator('figure[data-chart="run"] figcaption')).to_contain_text(re.compile(r"\d+ samples?[,.]"))
+    expect(run_page.locator('figure[data-chart="run"] figcaption')).to_contain_text(re.compile(r"\d+ samples?[,.]"))
     texts = page.evaluate("window.__progress")
     etas = [t for t in texts if "left" in t["t"]]
+    assert etas, texts
     with panel_engine.connect() as conn:
         finished_ms = conn.execute(text("SELECT extract(epoch FROM finished_at) * 1000 FROM archive_worker_runs "
                                         "WHERE run_id = :r"), {"r": run.run_id}).scalar_one()
-    if etas:
-        first = etas[0]
-        m = re.search(r"about ([\d.]+) (ms|s|min)", first["t"])
-        assert m, first
-        said = float(m.group(1)) * {"ms": 0.001, "s": 1, "min": 60}[m.group(2)]
-        actual = (float(finished_ms) - first["at"]) / 1000
-        # The old ETA counted the 4 s of loading as work: about 2x to 10x too long. Now from reports only.
-        assert said <= 2 * actual + 2, (said, actual, texts)
+    first = etas[0]
+    m = re.search(r"about ([\d.]+) (ms|s|min)", first["t"])
+    assert m, first
+    said = float(m.group(1)) * {"ms": 0.001, "s": 1, "min": 60}[m.group(2)]
+    actual = (float(finished_ms) - first["at"]) / 1000
+    # The old ETA counted the 4 s of loading as work: about 2x to 10x too long. Now from reports only.
+    assert said <= 1.5 * actual + 2, (said, actual, texts)
 
 
 def test_the_engine_comes_from_the_catalogue_and_the_banner_is_in_words(page):

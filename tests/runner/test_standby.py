@@ -25,6 +25,10 @@ def test_the_next_run_goes_to_the_child_forked_ahead_and_another_is_forked(start
     assert second != first and pid_alive(second)
     assert wait_status(engine, run.run_id, "SUCCESS").exit_reason is None
     assert runner.status()["launcher"]["standby"]["used"] == 1
+    # The standby forked after it was told how children reach the database built its engine ahead.
+    second_run = enqueue(engine, "ok")
+    done = wait_status(engine, second_run.run_id, "SUCCESS")
+    assert done.metrics.get("engine_ahead") is True and done.metrics["child_ready_ms"] >= 0
 
 
 def test_a_stopped_fork_server_still_starts_one_run_through_its_standby(start_runner, engine) -> None:

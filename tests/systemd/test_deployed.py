@@ -269,12 +269,14 @@ def test_units_are_active_once_ready_and_show_their_status(deployed: Deployment)
 
 @pytest.fixture
 def runner_up(deployed: Deployment) -> Iterator[Deployment]:
-    """The runner active when the test starts, and again (drop-ins of the test removed) when it ends."""
-    deployed.systemctl("start", "scrinalia-runner")
+    """The runner active when the test starts (started only if it is not: each start preloads torch);
+    the test's drop-in removed and a failed state reset when it ends."""
+    if deployed.show("scrinalia-runner", "ActiveState")["ActiveState"] != "active":
+        deployed.systemctl("reset-failed", "scrinalia-runner", check=False)
+        deployed.systemctl("start", "scrinalia-runner")
     yield deployed
     deployed.sh("rm -f /etc/systemd/system/scrinalia-runner.service.d/scenario.conf && systemctl daemon-reload")
     deployed.systemctl("reset-failed", "scrinalia-runner", check=False)
-    deployed.systemctl("restart", "scrinalia-runner")
 
 
 # --- systemctl stop drains -----------------------------------------------------------------------------------
@@ -363,3 +365,99 @@ def test_a_schema_behind_or_ahead_fails_once_without_a_restart_loop(runner_up: D
     assert len(entries) == 1 and words in entries[0]["MESSAGE"], entries
     assert entries[0]["PRIORITY"] == "3", entries
     assert "Traceback" not in "\n".join(lines)
+
+
+def test_a_database_down_at_start_is_retried_until_it_answers(runner_up: Deployment) -> None:
+    deployed = runner_up
+    # Seconds between tries instead of RestartSec=10 (a drop-in); Restart= and the exit code are the unit's.
+    write_dropin(deployed.container, "scrinalia-runner", "RestartSec=1", name="scenario")
+    deployed.sh("systemctl daemon-reload")
+    deployed.systemctl("stop", "scrinalia-runner")
+    deployed.cluster.stop()
+    try:
+        deployed.systemctl("start", "--no-block", "scrinalia-runner")
+        wait_for(lambda: int(deployed.show("scrinalia-runner", "NRestarts")["NRestarts"]) >= 2, 90,
+                 "systemd to retry the runner while the database is down")
+        refused = deployed.show("scrinalia-runner", "ActiveState", "ExecMainStatus")
+        assert refused["ActiveState"] in ("activating", "failed") and refused["ExecMainStatus"] in ("5", "0"), refused
+    finally:
+        deployed.cluster.start(fsync=False, max_connections=100)
+        deployed.engine.dispose()
+    wait_for(lambda: deployed.show("scrinalia-runner", "ActiveState")["ActiveState"] == "active", 90,
+             "the runner to come up once the database answers")
+    assert deployed.runner_status()["state"] == "running"
+    said = deployed.journal("-u", "scrinalia-runner", "-p", "err", output="json").splitlines()
+    assert any("database" in json.loads(line)["MESSAGE"] for line in said if line.strip())
+
+
+# --- the OOM killer inside the unit's memory limit ---------------------------------------------------------
+
+def why_no_memory_limit(deployed: Deployment) -> str | None:
+    """None when a unit of the container's systemd gets the memory limit it asks for; else why not. Asked of
+    a transient unit (``systemd-run -p MemoryMax=``), so a host that cannot costs no runner restart."""
+    limit = 64 << 20
+    deployed.sh(f"systemd-run --quiet --unit=memory-probe -p MemoryMax={limit} -p MemoryLimit={limit} sleep 30")
+    try:
+        group = deployed.show("memory-probe", "ControlGroup")["ControlGroup"]
+        for path in (f"/sys/fs/cgroup{group}/memory.max", f"/sys/fs/cgroup/unified{group}/memory.max",
+                     f"/sys/fs/cgroup/memory{group}/memory.limit_in_bytes"):
+            found = deployed.sh(f"cat {path}", check=False).stdout.strip()
+            if found.isdigit() and int(found) == limit:
+                return None
+        layout = deployed.sh("grep cgroup /proc/self/mounts", check=False).stdout
+    finally:
+        deployed.systemctl("stop", "memory-probe", check=False)
+    memory_v1 = [line.split()[1] for line in layout.splitlines() if " cgroup " in line and "memory" in line]
+    return ("this host's cgroup layout cannot give a unit of the container a memory limit: the memory controller "
+            f"is on cgroup v1, mounted read-only in the container ({memory_v1[0] if memory_v1 else 'absent'}), "
+            "and the cgroup v2 hierarchy has no memory controller (a cgroup v2 host runs this scenario)")
+
+
+def test_a_child_killed_by_the_oom_killer_is_one_failed_run_and_the_service_stays(runner_up: Deployment) -> None:
+    deployed = runner_up
+    why_not = why_no_memory_limit(deployed)
+    if why_not:
+        pytest.skip(why_not)
+    pids = " ".join(str(pid) for pid in deployed.runner_pids())
+    rss_kib = deployed.sh(f"for p in {pids}; do grep VmRSS /proc/$p/status; done | awk '{{s += $2}} END {{print s}}'")
+    limit = (int(rss_kib.stdout) // 1024 + 400) << 20  # what the supervisor and its preloaded fork server use, +400 MiB
+    write_dropin(deployed.container, "scrinalia-runner", f"MemoryMax={limit}\nMemoryLimit={limit}", name="scenario")
+    deployed.sh("systemctl daemon-reload")
+    deployed.systemctl("restart", "scrinalia-runner")
+    pid = deployed.show("scrinalia-runner", "MainPID")["MainPID"]
+    hog = deployed.enqueue("deployed-memory-hog", cap_mb=4096)
+    row = deployed.wait_run(hog, {"SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED"}, 120)
+    assert (row.status, row.exit_reason) == ("FAILED", "oom"), (row.status, row.exit_reason, row.error)
+    after = deployed.show("scrinalia-runner", "ActiveState", "MainPID", "NRestarts")
+    assert after["ActiveState"] == "active" and after["MainPID"] == pid, after  # OOMPolicy=continue
+    with deployed.engine.connect() as conn:
+        runs = conn.execute(text("SELECT count(*) FROM archive_worker_runs WHERE worker_name = "
+                                 "'deployed-memory-hog'")).scalar_one()
+    assert runs == 1
+    assert deployed.runner_status()["state"] == "running"
+
+
+# --- a real embedding run under the unit's sandbox -----------------------------------------------------------
+
+def test_a_real_embedding_run_under_the_sandbox(runner_up: Deployment) -> None:
+    deployed = runner_up
+    titles = {"A1": "Letters of the bishop to the cathedral chapter", "B1": "Map of the river harbour",
+              "C": "Accounts of the hospital pharmacy"}
+    with deployed.engine.begin() as conn:
+        for code, title in titles.items():
+            conn.execute(text("INSERT INTO archive_documents (reference_code, title, status) "
+                              "VALUES (:c, :t, 'DRAFT')"), {"c": code, "t": title})
+    run_id = ledger.enqueue(deployed.engine, "embedding", {"preset": "cpu"}, requested_by="systemd-test").run_id
+    row = deployed.wait_run(run_id, {"SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED"}, 180)
+    assert row.status == "SUCCESS", row.error
+    assert row.result is not None and row.result["embedded"] == 3, row.result
+    with deployed.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM archive_document_embeddings")).scalar_one() == 3
+    # The sandbox: everything but the unit's own directories is read-only; nothing tried to write elsewhere.
+    logged = deployed.journal("-u", "scrinalia-runner", f"RUN_ID={run_id}") + deployed.journal(
+        "-u", "scrinalia-runner", "-p", "warning")
+    for refusal in ("Read-only file system", "Permission denied", "not writable", "Errno 30", "Errno 13"):
+        assert refusal not in logged, logged[-3000:]
+    written = deployed.sh("find /var/cache/scrinalia-runner /var/lib/scrinalia-runner -newer /etc/hostname "
+                          "-type f 2>/dev/null | head -20", check=False).stdout
+    print("files the run wrote under the unit's directories:", written or "none")

@@ -173,9 +173,8 @@ export function eta(run) {
   const { done, total } = progressOf(run);
   if (!total || done >= total) return null;
   if (run.progress?.eta_seconds !== undefined && run.progress?.eta_seconds !== null) return run.progress.eta_seconds * 1000;
-  // The runner reports the worker's own rate (units per second): the best estimate there is.
-  const reported = Number(run.progress?.rate);
-  if (Number.isFinite(reported) && reported > 0) return ((total - done) / reported) * 1000;
+  // Not the runner's reported ``rate``: it is done / (time since the child's start), the model's loading
+  // included, which made the first ETA about twice too long (issue 28, 4). The page's own samples are.
   const id = run.run_id;
   const now = serverNow();
   let list = samples.get(id);

@@ -290,15 +290,18 @@ function compare(run) {
     engine_options: run.options?.engine_options ?? run.config?.engine_options ?? null,
   };
   const started = Boolean(run.started_at);
-  const rows = [['engine_name', 'Engine'], ['preset', 'Preset'], ['db_batch_size', 'Batch size'], ['options', 'Options'], ['engine_options', 'Engine options']];
-  const cells = [
-    h('div.head.key-head', ''), h('div.head', 'Requested'), h('div.head', started ? 'Effective' : 'Effective (not claimed yet)'),
-  ];
+  const rows = [['engine_name', 'Engine'], ['preset', 'Preset'], ['db_batch_size', 'Database batch'], ['options', 'Options'], ['engine_options', 'Engine options']];
+  // A table for assistive technology (rows of cells), a CSS grid on screen: each row is display: contents.
+  const cells = [h('div.row', { role: 'row' },
+    h('div.head.key-head', { role: 'columnheader' }, h('span.visually-hidden', 'Field')),
+    h('div.head', { role: 'columnheader' }, 'Requested'),
+    h('div.head', { role: 'columnheader' }, started ? 'Effective' : 'Effective (not claimed yet)'))];
   for (const [key, label] of rows) {
     const a = req[key];
     const b = eff[key];
     const differs = started && JSON.stringify(a ?? null) !== JSON.stringify(b ?? null) && !(a === undefined || a === null);
-    cells.push(h('div.key', label), h('div', show(a)), h('div', { class: differs ? 'diff' : '' }, started ? show(b) : h('span.muted', '—')));
+    cells.push(h('div.row', { role: 'row' }, h('div.key', { role: 'rowheader' }, label), h('div', { role: 'cell' }, show(a)),
+      h('div', { role: 'cell', class: differs ? 'diff' : '' }, started ? show(b) : h('span.muted', '—'))));
   }
   return h('div.compare', { role: 'table', 'aria-label': 'Requested and effective configuration' }, cells);
 }

@@ -62,7 +62,7 @@ export function mount(main, route, ctx) {
       open: stoppedOpen,
       ontoggle: (ev) => { stoppedOpen = ev.target.open; },
     }, h('summary', `${stopped.length} stopped in the last 24 h`), h('div.grid.wide', { role: 'list', 'aria-label': 'Stopped runners' }, stopped.map(card))) : null;
-    replace(list, live.length ? live.map(card) : h('p.card.empty', last.length ? 'No runner is online.' : 'No runner has registered yet. Start one with `scrinalia-runner daemon`.'));
+    replace(list, live.length ? live.map(card) : h('p.card.empty', { role: 'listitem' }, last.length ? 'No runner is online.' : 'No runner has registered yet. Start one with `scrinalia-runner daemon`.'));
     if (foldEl) foldEl.remove();
     if (fold) list.after(fold);
     foldEl = fold;

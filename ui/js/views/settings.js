@@ -77,7 +77,7 @@ export function mount(main, route, ctx) {
     const pairs = [
       ['Engine', withSource(eff.engine_name, 'engine_name')],
       ['Preset', withSource(eff.preset, 'preset')],
-      ['Batch size', withSource(eff.db_batch_size, 'db_batch_size')],
+      ['Database batch', withSource(eff.db_batch_size, 'db_batch_size')],
     ];
     for (const [k, v] of Object.entries(eff.options || {})) pairs.push([`options.${k}`, withSource(v, `options.${k}`)]);
     for (const [k, v] of Object.entries(eff.engine_options || {})) pairs.push([`engine_options.${k}`, withSource(v, `engine_options.${k}`)]);
@@ -88,7 +88,7 @@ export function mount(main, route, ctx) {
     revision = persisted?.revision ?? 0;
     if (!ctx.canOperate()) {
       replace(formBox, persisted ? dl([
-        ['Engine', persisted.engine_name], ['Preset', persisted.preset], ['Batch size', persisted.db_batch_size],
+        ['Engine', persisted.engine_name], ['Preset', persisted.preset], ['Database batch', persisted.db_batch_size],
         ['Options', Object.keys(persisted.options || {}).length ? h('code', JSON.stringify(persisted.options)) : null],
         ['Engine options', Object.keys(persisted.engine_options || {}).length ? h('code', JSON.stringify(persisted.engine_options)) : null],
         ['Revision', `${persisted.revision} · ${persisted.updated_by || '—'} · ${absolute(persisted.updated_at)}`],
@@ -133,7 +133,7 @@ export function mount(main, route, ctx) {
     if (settable && worker.engines.length) fields.engine_name = field({ label: 'Engine', name: 'engine_name', control: engineSel });
     if (settable && worker.presets.length) fields.preset = field({ label: 'Preset', name: 'preset', control: presetSel });
     fields.db_batch_size = field({
-      label: 'Batch size', name: 'db_batch_size', hint: `${BATCH_MIN}–${BATCH_MAX}`,
+      label: 'Database batch', name: 'db_batch_size', hint: `${worker.unit}s read and committed together, from ${BATCH_MIN} to ${BATCH_MAX}`,
       control: h('input', { type: 'number', inputmode: 'numeric', min: BATCH_MIN, max: BATCH_MAX, step: 1,
         placeholder: worker.raw.default_batch_size ?? '', value: saved.db_batch_size ?? '' }),
     });

@@ -53,7 +53,7 @@ export function mount(main, _route, ctx) {
     for (const [name, card] of cards) {
       if (!seen.has(name)) { card.el.remove(); cards.delete(name); }
     }
-    if (!workers.length) replace(grid, h('p.card.empty', 'No worker is installed.'));
+    if (!workers.length) replace(grid, h('p.card.empty', { role: 'listitem' }, 'No worker is installed.'));
     const running = workers.filter((w) => w.active?.status === 'RUNNING').length;
     const queued = workers.filter((w) => w.active?.status === 'QUEUED').length;
     summary.textContent = `${plural(workers.length, 'worker')} · ${running} running · ${queued} queued`;
