@@ -255,7 +255,7 @@ class Managed:
         return code
 
 
-#: A UUID as the processes log it (a run's, in either case).
+#: A UUID as the processes log it, in either case (a run's; a runner's is shortened alike).
 _UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
 
 

@@ -133,7 +133,8 @@ def test_deep_nesting_and_forged_events_are_dropped_and_the_relay_keeps_listenin
                for line in metrics.splitlines() if line.startswith("scrinalia_events_dropped_total{")}
     assert dropped == {'reason="too_deep"': 3.0, 'reason="bad_worker"': 9.0, 'reason="bad_status"': 3.0,
                        'reason="bad_uuid"': 6.0, 'reason="bad_cancel"': 3.0, 'reason="bad_shape"': 3.0,
-                       'reason="unknown_kind"': 3.0}, dropped
+                       'reason="unknown_kind"': 3.0, 'reason="too_large"': 0.0,
+                       'reason="not_json"': 0.0}, dropped  # every reason is exported from the start, at 0
     assert api.log().count("dropped a notification") == 3 * len(forged)
     assert "<img" not in api.log()  # the log quotes a bounded, repr'd name; the markup is only counted
 

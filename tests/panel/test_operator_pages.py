@@ -149,7 +149,7 @@ def test_retry_a_failed_run_and_its_runner(page, panel_engine, running_runner):
     with panel_engine.connect() as conn:
         row = conn.execute(text("SELECT retry_of, attempt, trigger FROM archive_worker_runs "
                                 "WHERE retry_of = :r"), {"r": failed["run_id"]}).one()
-    assert row.attempt == 2 and row.trigger == "PANEL"  # retried with the panel's session (issue 28, 7)
+    assert row.attempt == 2 and row.trigger == "PANEL"  # the panel's Retry (issue 28, 7)
     wait_db(panel_engine, "panel-crash", lambda r: r["status"] == "FAILED", 30, "the retry FAILED too")
     shot(page, "34-retry")
 
