@@ -265,6 +265,12 @@ def test_units_are_active_once_ready_and_show_their_status(deployed: Deployment)
     assert deployed.container.name in names
     shown = deployed.systemctl("status", "scrinalia-runner", "--no-pager", check=False).stdout
     assert "Status: \"" in shown, shown
+    # The journal as an operator reads it: each service's lines at their priority, with their logger.
+    for unit, logger in (("scrinalia-api", "uvicorn.error"), ("scrinalia-runner", "scrinalia.runner"),
+                         ("scrinalia-scheduler", "scrinalia.scheduler")):
+        entries = [json.loads(line) for line in deployed.journal("-u", unit, f"LOGGER={logger}", output="json")
+                   .splitlines() if line.strip()]
+        assert entries and all(e["PRIORITY"] in "234567" for e in entries), (unit, len(entries))
 
 
 @pytest.fixture
