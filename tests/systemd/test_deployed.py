@@ -30,6 +30,7 @@ from scrinalia.db import migrate
 from scrinalia.db.local_cluster import LocalCluster, free_port
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.ledger import WorkerRun
+from tests.foundation.test_database_tls import make_certificates
 from tests.systemd.container import Bind, Container, ContainerError, why_no_container
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,6 +70,7 @@ class Deployment:
     engine: Engine  # the schema owner's, from the host: what the tests read the ledger with
     api_port: int
     timings: dict[str, float]
+    cluster_settings: dict[str, str]
 
     def sh(self, script: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return self.container.sh(script, **kwargs)
@@ -156,8 +158,9 @@ def write_dropin(container: Container, unit: str, body: str, name: str = "test")
 
 def install(container: Container, wheel_name: str, pg_port: int, api_port: int) -> dict[str, float]:
     """docs/install.md sections 2.2, 2.6-2.8, 3.2-3.4 on one host, each command as written, except: uv
-    installs the wheel (pip takes minutes; decision 0300), no TLS (the test cluster's socket on loopback:
-    DB_SSLMODE=disable), the API on a free port, and the test's plugin module beside the wheel."""
+    installs the wheel (pip takes minutes; decision 0300), the database is this test's cluster on localhost
+    (TLS verified against its own CA, DB_SSLMODE=verify-full as the env files say), the API on a free port,
+    and the test's plugin module beside the wheel."""
     timings: dict[str, float] = {}
     sh = container.sh
 
@@ -176,13 +179,12 @@ def install(container: Container, wheel_name: str, pg_port: int, api_port: int) 
        f"\"$({VENV}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')\"/")
     timings["venv"] = time.monotonic() - started
 
-    owner_url = f"postgresql://scrinalia:{OWNER_PASSWORD}@127.0.0.1:{pg_port}/scrinalia"
-    runner_url = f"postgresql://scrinalia_runner:{RUNNER_PASSWORD}@127.0.0.1:{pg_port}/scrinalia"
-    sh(f"{VENV}/bin/scrinalia install-units api scheduler runner --user scrinalia --config-dir /etc/scrinalia\n"
+    owner_url = f"postgresql://scrinalia:{OWNER_PASSWORD}@localhost:{pg_port}/scrinalia"
+    runner_url = f"postgresql://scrinalia_runner:{RUNNER_PASSWORD}@localhost:{pg_port}/scrinalia"
+    sh("install -m 0640 -o root -g scrinalia /root/plugins/db-ca.pem /etc/scrinalia/db-ca.pem\n"
+       f"{VENV}/bin/scrinalia install-units api scheduler runner --user scrinalia --config-dir /etc/scrinalia\n"
        f"sed -i 's|^DATABASE_URL=.*|DATABASE_URL={owner_url}|' /etc/scrinalia/scrinalia.env\n"
        f"sed -i 's|^RUNNER_DATABASE_URL=.*|RUNNER_DATABASE_URL={runner_url}|' /etc/scrinalia/runner.env\n"
-       "sed -i 's|^DB_SSLMODE=.*|DB_SSLMODE=disable|; /^DB_SSLROOTCERT=/d' /etc/scrinalia/scrinalia.env "
-       "/etc/scrinalia/runner.env\n"
        "echo HF_HUB_OFFLINE=1 >> /etc/scrinalia/runner.env\n"
        f"echo SCRINALIA_WORKER_PLUGINS={PLUGIN_MODULE.stem}:ALL >> /etc/scrinalia/runner.env\n"
        "set -a; . /etc/scrinalia/scrinalia.env; set +a\n"
@@ -210,12 +212,17 @@ def deployed() -> Iterator[Deployment]:
         _no_container(reason)
     scratch = Path(tempfile.mkdtemp(prefix="scrinalia-systemd-"))
     cluster = LocalCluster.create(scratch / "pg")
-    cluster.start(fsync=False, max_connections=100)
+    # TLS as docs/install.md 2.3 sets it up: a private CA, a server certificate for localhost.
+    make_certificates(scratch / "pg" / "tls")
+    cluster_settings = {"ssl": "on", "ssl_cert_file": str(scratch / "pg" / "tls" / "server.crt"),
+                        "ssl_key_file": str(scratch / "pg" / "tls" / "server.key")}
+    cluster.start(fsync=False, max_connections=100, settings=cluster_settings)
     dist = scratch / "dist"
     wheel = _build_wheel(dist)
-    plugins = scratch / "plugins"
+    plugins = scratch / "plugins"  # what is carried to the host: the test's plugin module, the CA file
     plugins.mkdir()
     (plugins / PLUGIN_MODULE.name).write_text(PLUGIN_MODULE.read_text())
+    (plugins / "db-ca.pem").write_text((scratch / "pg" / "tls" / "ca-a.pem").read_text())
     binds = [Bind(dist, "/root/dist"), Bind(plugins, "/root/plugins")]
     uv_cache = Path(subprocess.run([sys.executable, "-m", "uv", "cache", "dir"], capture_output=True, text=True,
                                    check=True).stdout.strip())
@@ -236,7 +243,7 @@ def deployed() -> Iterator[Deployment]:
         timings = install(container, wheel.name, cluster.port, api_port)
         timings["boot"] = boot_seconds
         print("real-systemd deployment:", ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
-        yield Deployment(container, cluster, engine, api_port, timings)
+        yield Deployment(container, cluster, engine, api_port, timings, cluster_settings)
     finally:
         container.destroy()
         if engine is not None:
@@ -392,7 +399,7 @@ def test_a_database_down_at_start_is_retried_until_it_answers(runner_up: Deploym
         refused = deployed.show("scrinalia-runner", "ActiveState", "ExecMainStatus")
         assert refused["ActiveState"] in ("activating", "failed") and refused["ExecMainStatus"] in ("5", "0"), refused
     finally:
-        deployed.cluster.start(fsync=False, max_connections=100)
+        deployed.cluster.start(fsync=False, max_connections=100, settings=deployed.cluster_settings)
         deployed.engine.dispose()
     wait_for(lambda: deployed.show("scrinalia-runner", "ActiveState")["ActiveState"] == "active", 90,
              "the runner to come up once the database answers")
