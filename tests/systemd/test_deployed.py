@@ -324,8 +324,8 @@ def test_a_frozen_supervisor_is_killed_by_the_watchdog_and_restarted(runner_up: 
     deployed = runner_up
     unit = deployed.sh("cat /etc/systemd/system/scrinalia-runner.service").stdout
     assert "\nWatchdogSec=" in unit and "\nRestart=on-failure" in unit  # the unit as written arms both
-    # A watchdog of seconds, not a minute, for the test (a drop-in; the mechanism is the unit's).
-    write_dropin(deployed.container, "scrinalia-runner", "WatchdogSec=3", name="scenario")
+    # A watchdog of seconds, not a minute, and a restart a second after (a drop-in; the mechanism is the unit's).
+    write_dropin(deployed.container, "scrinalia-runner", "WatchdogSec=3\nRestartSec=1", name="scenario")
     deployed.sh("systemctl daemon-reload")
     deployed.systemctl("restart", "scrinalia-runner")
     held = deployed.enqueue("deployed-slow", units=400, pause=0.5)
