@@ -71,6 +71,9 @@ class Deployment:
     api_port: int
     timings: dict[str, float]
     cluster_settings: dict[str, str]
+    host_sentinel: Path  # a file in the host's /tmp made before the boot: a systemd on the host's / removes it
+    host_passwd: str  # the host's /etc/passwd before the boot
+    host_units: list[str]  # the host's scrinalia units before the boot (none, but for a host that has them)
 
     def sh(self, script: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return self.container.sh(script, **kwargs)
@@ -229,6 +232,11 @@ def deployed() -> Iterator[Deployment]:
     uv_cache.mkdir(parents=True, exist_ok=True)
     binds.append(Bind(uv_cache, str(uv_cache), read_only=False))  # installs take seconds once it is warm
     container = Container(scratch / "container", f"scrinalia-{uuid.uuid4().hex[:8]}", binds=binds)
+    descriptor, name = tempfile.mkstemp(prefix="scrinalia-host-sentinel-", dir="/tmp")
+    os.close(descriptor)
+    sentinel = Path(name)
+    host_passwd = Path("/etc/passwd").read_text()
+    host_units = sorted(p.name for p in Path("/etc/systemd/system").glob("scrinalia-*"))
     engine = None
     try:
         try:
@@ -243,13 +251,25 @@ def deployed() -> Iterator[Deployment]:
         timings = install(container, wheel.name, cluster.port, api_port)
         timings["boot"] = boot_seconds
         print("real-systemd deployment:", ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
-        yield Deployment(container, cluster, engine, api_port, timings, cluster_settings)
+        yield Deployment(container, cluster, engine, api_port, timings, cluster_settings, sentinel, host_passwd,
+                         host_units)
     finally:
         container.destroy()
         if engine is not None:
             engine.dispose()
         cluster.destroy()
         subprocess.run(["rm", "-rf", str(scratch)], check=False)
+        sentinel.unlink(missing_ok=True)
+
+
+def test_the_host_is_left_alone(deployed: Deployment) -> None:
+    """The container's systemd booted and installed everything on its own root: the host's /tmp kept its
+    files (systemd-tmpfiles cleans a /tmp it boots over), no unit reached the host's /etc, no user either."""
+    assert deployed.host_sentinel.exists()
+    assert deployed.sh(f"test -e {deployed.host_sentinel}", check=False).returncode != 0  # its /tmp is its own
+    assert sorted(p.name for p in Path("/etc/systemd/system").glob("scrinalia-*")) == deployed.host_units
+    assert deployed.sh("test -e /etc/systemd/system/scrinalia-runner.service", check=False).returncode == 0
+    assert Path("/etc/passwd").read_text() == deployed.host_passwd  # the service user is the container's
 
 
 # --- each unit active only once ready, with its status line ------------------------------------------------
