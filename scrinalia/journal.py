@@ -155,6 +155,26 @@ class JournalHandler(logging.Handler):
         super().close()
 
 
+def uvicorn_log_config(level: str, identifier: str = "scrinalia-api",
+                       environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """uvicorn's ``log_config`` under systemd: its lines and the app's to the journal, each at its priority
+    (uvicorn applies it in every worker process). None elsewhere: uvicorn's own plain lines."""
+    if not under_journal(environ):
+        return None
+    level = level.upper()
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"journal": {"()": "scrinalia.journal.JournalHandler", "identifier": identifier}},
+        "loggers": {
+            "uvicorn": {"handlers": ["journal"], "level": level, "propagate": False},
+            "uvicorn.error": {"level": level},
+            "uvicorn.access": {"handlers": ["journal"], "level": level, "propagate": False},
+        },
+        "root": {"handlers": ["journal"], "level": level},
+    }
+
+
 def setup_logging(level: int | str, identifier: str, environ: Mapping[str, str] | None = None,
                   plain_format: str = PLAIN_FORMAT) -> logging.Handler | None:
     """As ``logging.basicConfig``: the root logger's handler, unless one is already there (a host process

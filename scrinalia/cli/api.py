@@ -1,6 +1,8 @@
 """``scrinalia api``: serve the API (and the panel's static files) with uvicorn."""
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 
@@ -42,6 +44,12 @@ def command(host: str, port: int, workers: int, log_level: str, reload: bool) ->
         probe_host = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
         ready_when_healthy(f"http://{probe_host}:{port}/healthz",
                            f"answering on {host}:{port}, {workers} worker process(es)")
+    from uvicorn.config import LOGGING_CONFIG
+
+    from scrinalia.journal import uvicorn_log_config
+
+    journal_config = uvicorn_log_config(log_level)  # under systemd: the journal, with priorities
+    log_config: dict[str, Any] = LOGGING_CONFIG if journal_config is None else journal_config
     uvicorn.run(
         "scrinalia.api.app:create_app",
         factory=True,
@@ -52,4 +60,5 @@ def command(host: str, port: int, workers: int, log_level: str, reload: bool) ->
         proxy_headers=False,
         log_level=log_level,
         server_header=False,
+        log_config=log_config,
     )

@@ -24,6 +24,8 @@ from pathlib import Path
 SYSTEMD = Path("/lib/systemd/systemd")
 #: What the container's boot may take before it is called failed (systemd's basic services: ~5 s here).
 BOOT_TIMEOUT = 90.0
+#: Whether the host itself is booted with systemd (its runtime directory exists only then).
+HOST_RUNS_SYSTEMD = Path("/run/systemd/system").is_dir()
 #: The overlay's writable layer: the venv with torch is most of it.
 UPPER_SIZE = "6g"
 
@@ -119,7 +121,10 @@ class Container:
         with open(self.console, "wb") as console:
             self.nspawn = subprocess.Popen(
                 ["systemd-nspawn", "--quiet", "--directory", str(self.root), "--boot",
-                 *(["--private-network"] if self.private_network else []), "--register=no", "--keep-unit",
+                 *(["--private-network"] if self.private_network else []), "--register=no",
+                 # No systemd on the host: the container stays in this process's cgroup. On a systemd host
+                 # nspawn asks it for a scope of its own, as it does by default.
+                 *([] if HOST_RUNS_SYSTEMD else ["--keep-unit"]),
                  f"--machine={self.name}", "--console=read-only",
                  *(b.flag() for b in self.binds)],
                 stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, start_new_session=True)

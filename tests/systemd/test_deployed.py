@@ -30,6 +30,7 @@ from scrinalia.db import migrate
 from scrinalia.db.local_cluster import LocalCluster, free_port
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.ledger import WorkerRun
+from tests.foundation.test_database_tls import make_certificates
 from tests.systemd.container import Bind, Container, ContainerError, why_no_container
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,6 +70,10 @@ class Deployment:
     engine: Engine  # the schema owner's, from the host: what the tests read the ledger with
     api_port: int
     timings: dict[str, float]
+    cluster_settings: dict[str, str]
+    host_sentinel: Path  # a file in the host's /tmp made before the boot: a systemd on the host's / removes it
+    host_passwd: str  # the host's /etc/passwd before the boot
+    host_units: list[str]  # the host's scrinalia units before the boot (none, but for a host that has them)
 
     def sh(self, script: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return self.container.sh(script, **kwargs)
@@ -156,8 +161,9 @@ def write_dropin(container: Container, unit: str, body: str, name: str = "test")
 
 def install(container: Container, wheel_name: str, pg_port: int, api_port: int) -> dict[str, float]:
     """docs/install.md sections 2.2, 2.6-2.8, 3.2-3.4 on one host, each command as written, except: uv
-    installs the wheel (pip takes minutes; decision 0300), no TLS (the test cluster's socket on loopback:
-    DB_SSLMODE=disable), the API on a free port, and the test's plugin module beside the wheel."""
+    installs the wheel (pip takes minutes; decision 0300), the database is this test's cluster on localhost
+    (TLS verified against its own CA, DB_SSLMODE=verify-full as the env files say), the API on a free port,
+    and the test's plugin module beside the wheel."""
     timings: dict[str, float] = {}
     sh = container.sh
 
@@ -176,13 +182,12 @@ def install(container: Container, wheel_name: str, pg_port: int, api_port: int) 
        f"\"$({VENV}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')\"/")
     timings["venv"] = time.monotonic() - started
 
-    owner_url = f"postgresql://scrinalia:{OWNER_PASSWORD}@127.0.0.1:{pg_port}/scrinalia"
-    runner_url = f"postgresql://scrinalia_runner:{RUNNER_PASSWORD}@127.0.0.1:{pg_port}/scrinalia"
-    sh(f"{VENV}/bin/scrinalia install-units api scheduler runner --user scrinalia --config-dir /etc/scrinalia\n"
+    owner_url = f"postgresql://scrinalia:{OWNER_PASSWORD}@localhost:{pg_port}/scrinalia"
+    runner_url = f"postgresql://scrinalia_runner:{RUNNER_PASSWORD}@localhost:{pg_port}/scrinalia"
+    sh("install -m 0640 -o root -g scrinalia /root/plugins/db-ca.pem /etc/scrinalia/db-ca.pem\n"
+       f"{VENV}/bin/scrinalia install-units api scheduler runner --user scrinalia --config-dir /etc/scrinalia\n"
        f"sed -i 's|^DATABASE_URL=.*|DATABASE_URL={owner_url}|' /etc/scrinalia/scrinalia.env\n"
        f"sed -i 's|^RUNNER_DATABASE_URL=.*|RUNNER_DATABASE_URL={runner_url}|' /etc/scrinalia/runner.env\n"
-       "sed -i 's|^DB_SSLMODE=.*|DB_SSLMODE=disable|; /^DB_SSLROOTCERT=/d' /etc/scrinalia/scrinalia.env "
-       "/etc/scrinalia/runner.env\n"
        "echo HF_HUB_OFFLINE=1 >> /etc/scrinalia/runner.env\n"
        f"echo SCRINALIA_WORKER_PLUGINS={PLUGIN_MODULE.stem}:ALL >> /etc/scrinalia/runner.env\n"
        "set -a; . /etc/scrinalia/scrinalia.env; set +a\n"
@@ -210,18 +215,28 @@ def deployed() -> Iterator[Deployment]:
         _no_container(reason)
     scratch = Path(tempfile.mkdtemp(prefix="scrinalia-systemd-"))
     cluster = LocalCluster.create(scratch / "pg")
-    cluster.start(fsync=False, max_connections=100)
+    # TLS as docs/install.md 2.3 sets it up: a private CA, a server certificate for localhost.
+    make_certificates(scratch / "pg" / "tls")
+    cluster_settings = {"ssl": "on", "ssl_cert_file": str(scratch / "pg" / "tls" / "server.crt"),
+                        "ssl_key_file": str(scratch / "pg" / "tls" / "server.key")}
+    cluster.start(fsync=False, max_connections=100, settings=cluster_settings)
     dist = scratch / "dist"
     wheel = _build_wheel(dist)
-    plugins = scratch / "plugins"
+    plugins = scratch / "plugins"  # what is carried to the host: the test's plugin module, the CA file
     plugins.mkdir()
     (plugins / PLUGIN_MODULE.name).write_text(PLUGIN_MODULE.read_text())
+    (plugins / "db-ca.pem").write_text((scratch / "pg" / "tls" / "ca-a.pem").read_text())
     binds = [Bind(dist, "/root/dist"), Bind(plugins, "/root/plugins")]
     uv_cache = Path(subprocess.run([sys.executable, "-m", "uv", "cache", "dir"], capture_output=True, text=True,
                                    check=True).stdout.strip())
     uv_cache.mkdir(parents=True, exist_ok=True)
     binds.append(Bind(uv_cache, str(uv_cache), read_only=False))  # installs take seconds once it is warm
     container = Container(scratch / "container", f"scrinalia-{uuid.uuid4().hex[:8]}", binds=binds)
+    descriptor, name = tempfile.mkstemp(prefix="scrinalia-host-sentinel-", dir="/tmp")
+    os.close(descriptor)
+    sentinel = Path(name)
+    host_passwd = Path("/etc/passwd").read_text()
+    host_units = sorted(p.name for p in Path("/etc/systemd/system").glob("scrinalia-*"))
     engine = None
     try:
         try:
@@ -236,13 +251,25 @@ def deployed() -> Iterator[Deployment]:
         timings = install(container, wheel.name, cluster.port, api_port)
         timings["boot"] = boot_seconds
         print("real-systemd deployment:", ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
-        yield Deployment(container, cluster, engine, api_port, timings)
+        yield Deployment(container, cluster, engine, api_port, timings, cluster_settings, sentinel, host_passwd,
+                         host_units)
     finally:
         container.destroy()
         if engine is not None:
             engine.dispose()
         cluster.destroy()
         subprocess.run(["rm", "-rf", str(scratch)], check=False)
+        sentinel.unlink(missing_ok=True)
+
+
+def test_the_host_is_left_alone(deployed: Deployment) -> None:
+    """The container's systemd booted and installed everything on its own root: the host's /tmp kept its
+    files (systemd-tmpfiles cleans a /tmp it boots over), no unit reached the host's /etc, no user either."""
+    assert deployed.host_sentinel.exists()
+    assert deployed.sh(f"test -e {deployed.host_sentinel}", check=False).returncode != 0  # its /tmp is its own
+    assert sorted(p.name for p in Path("/etc/systemd/system").glob("scrinalia-*")) == deployed.host_units
+    assert deployed.sh("test -e /etc/systemd/system/scrinalia-runner.service", check=False).returncode == 0
+    assert Path("/etc/passwd").read_text() == deployed.host_passwd  # the service user is the container's
 
 
 # --- each unit active only once ready, with its status line ------------------------------------------------
@@ -265,6 +292,12 @@ def test_units_are_active_once_ready_and_show_their_status(deployed: Deployment)
     assert deployed.container.name in names
     shown = deployed.systemctl("status", "scrinalia-runner", "--no-pager", check=False).stdout
     assert "Status: \"" in shown, shown
+    # The journal as an operator reads it: each service's lines at their priority, with their logger.
+    for unit, logger in (("scrinalia-api", "uvicorn.error"), ("scrinalia-runner", "scrinalia.runner"),
+                         ("scrinalia-scheduler", "scrinalia.scheduler")):
+        entries = [json.loads(line) for line in deployed.journal("-u", unit, f"LOGGER={logger}", output="json")
+                   .splitlines() if line.strip()]
+        assert entries and all(e["PRIORITY"] in "234567" for e in entries), (unit, len(entries))
 
 
 @pytest.fixture
@@ -311,8 +344,8 @@ def test_a_frozen_supervisor_is_killed_by_the_watchdog_and_restarted(runner_up: 
     deployed = runner_up
     unit = deployed.sh("cat /etc/systemd/system/scrinalia-runner.service").stdout
     assert "\nWatchdogSec=" in unit and "\nRestart=on-failure" in unit  # the unit as written arms both
-    # A watchdog of seconds, not a minute, for the test (a drop-in; the mechanism is the unit's).
-    write_dropin(deployed.container, "scrinalia-runner", "WatchdogSec=3", name="scenario")
+    # A watchdog of seconds, not a minute, and a restart a second after (a drop-in; the mechanism is the unit's).
+    write_dropin(deployed.container, "scrinalia-runner", "WatchdogSec=3\nRestartSec=1", name="scenario")
     deployed.sh("systemctl daemon-reload")
     deployed.systemctl("restart", "scrinalia-runner")
     held = deployed.enqueue("deployed-slow", units=400, pause=0.5)
@@ -386,7 +419,7 @@ def test_a_database_down_at_start_is_retried_until_it_answers(runner_up: Deploym
         refused = deployed.show("scrinalia-runner", "ActiveState", "ExecMainStatus")
         assert refused["ActiveState"] in ("activating", "failed") and refused["ExecMainStatus"] in ("5", "0"), refused
     finally:
-        deployed.cluster.start(fsync=False, max_connections=100)
+        deployed.cluster.start(fsync=False, max_connections=100, settings=deployed.cluster_settings)
         deployed.engine.dispose()
     wait_for(lambda: deployed.show("scrinalia-runner", "ActiveState")["ActiveState"] == "active", 90,
              "the runner to come up once the database answers")

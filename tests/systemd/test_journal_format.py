@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import logging.config
 import os
 import socket
 import struct
@@ -139,3 +140,19 @@ def test_plain_lines_elsewhere_and_priorities_under_systemd(tmp_path: Path) -> N
         assert under_systemd == ""
     else:
         assert under_systemd == "<3>ERROR scrinalia.runner: database down\n"
+
+
+def test_the_api_logs_to_the_journal_only_under_systemd(tmp_path: Path) -> None:
+    """uvicorn's log_config: none elsewhere (its own plain lines); under systemd a JournalHandler on its
+    loggers and the root, which dictConfig builds as uvicorn does in each worker."""
+    assert journal.uvicorn_log_config("info", environ={}) is None
+    with open(tmp_path / "stderr", "w") as err:
+        st = os.fstat(err.fileno())
+        config = journal.uvicorn_log_config("info", environ={"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+        assert config is None  # our stderr is not that file: the check reads this process's stderr
+    st = os.fstat(sys.stderr.fileno())
+    config = journal.uvicorn_log_config("warning", environ={"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+    assert config is not None
+    handler = logging.config.DictConfigurator(config).configure_handler(dict(config["handlers"]["journal"]))
+    assert isinstance(handler, journal.JournalHandler) and handler.identifier == "scrinalia-api"
+    assert config["loggers"]["uvicorn.access"]["level"] == "WARNING"
