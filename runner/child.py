@@ -119,9 +119,6 @@ def rehearse() -> None:
     thread = threading.Thread(target=lambda: None, name="rehearsal", daemon=True)
     thread.start()
     thread.join()
-    warm = sys.modules.get("scrinalia.domains.archive.workers.engines.warm")
-    if warm is not None:
-        warm.rehearse()  # a child's first inference pays one-time set-ups: this process pays them now
 
 
 # A standby child's engine, built before its run arrived (``prepare_engine``): (the parameters, the engine).

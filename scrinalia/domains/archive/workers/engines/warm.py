@@ -112,22 +112,5 @@ def take(key: WarmKey) -> WarmModel | None:
     return _WARM.get(key)
 
 
-def rehearse() -> None:
-    """One tiny forward pass of each warm model, in a standby child of the runner (never in the fork
-    server: the first inference starts torch's thread pools, which must not exist before a fork). A
-    process's first inference pays one-time set-ups (kernel selection, buffers, the pools): the run that
-    this child will serve then starts at steady speed. The weights are only read."""
-    if not _WARM:
-        return
-    import torch
-
-    for entry in list(_WARM.values()):
-        try:
-            with torch.inference_mode():
-                entry.model(**entry.tokenizer(["rehearsal"], return_tensors="pt"))
-        except Exception:  # a model whose forward needs more than a text: its first run pays instead
-            continue
-
-
 def record_load(key: WarmKey, warm_hit: bool, seconds: float) -> None:
     LOADS.append({**key.to_json(), "warm": warm_hit, "seconds": round(seconds, 4)})
