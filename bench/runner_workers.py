@@ -27,4 +27,5 @@ def _spec(name, run):
 
 
 ALL = [_spec("bench-noop", run_noop), _spec("bench-stamp", run_stamp), _spec("bench-hang", run_hang),
-       *[_spec(f"bench-hang-{i:02d}", run_hang) for i in range(16)]]
+       *[_spec(f"bench-hang-{i:02d}", run_hang) for i in range(16)],
+       *[_spec(f"bench-noop-{i:02d}", run_noop) for i in range(8)]]

@@ -102,3 +102,13 @@ def test_no_warm_model_without_transformers_preloaded_or_with_none(start_runner)
 def test_a_bad_warm_models_dtype_is_a_usage_error(start_runner) -> None:
     runner = start_runner("--warm-models", f"{uuid.uuid4().hex}:float8", wait=False)
     assert runner.wait_exit() == 2 and "--warm-models" in runner.log()
+
+
+def test_status_text_shows_each_warm_model_its_size_and_workers() -> None:
+    from runner.status import _warm_lines
+
+    warm = {"models": [{"model_class": "AutoModel", "model_dir": "/srv/models/minilm", "dtype": "float32",
+                        "bytes": 90_900_000, "load_seconds": 1.2, "workers": ["embedding", "typology"]}],
+            "bytes": 90_900_000, "limit_bytes": 4096 << 20, "errors": []}
+    assert _warm_lines(warm) == ["  warm models minilm float32 87 MiB (embedding,typology)  87/4096 MiB"]
+    assert _warm_lines({"models": [], "bytes": 0, "limit_bytes": 0, "errors": []}) == []
