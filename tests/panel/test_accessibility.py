@@ -238,6 +238,7 @@ def test_a_keyboard_alone_runs_cancels_retries_resumes_and_changes_a_setting(bro
         expect(slow.get_by_role("button", name=re.compile(r"^Cancel run"))).to_be_visible()
         tab_to(page, re.compile(r"^Cancel run"))
         page.keyboard.press("Enter")
+        expect(page.get_by_role("button", name="Yes, cancel it")).to_be_focused()  # the dialog opens, then focuses
         f = _focus_visible(page)
         assert f["text"] == "Yes, cancel it" and f["visible"], f
         page.keyboard.press("Enter")

@@ -231,6 +231,9 @@ def deployed() -> Iterator[Deployment]:
                                    check=True).stdout.strip())
     uv_cache.mkdir(parents=True, exist_ok=True)
     binds.append(Bind(uv_cache, str(uv_cache), read_only=False))  # installs take seconds once it is warm
+    # The installer (uv) runs from the test's own venv, seen at the same path inside: the container has a
+    # /tmp of its own, so a checkout under the host's /tmp (a CI clone) would otherwise not be there.
+    binds.append(Bind(Path(sys.prefix), sys.prefix))
     container = Container(scratch / "container", f"scrinalia-{uuid.uuid4().hex[:8]}", binds=binds)
     descriptor, name = tempfile.mkstemp(prefix="scrinalia-host-sentinel-", dir="/tmp")
     os.close(descriptor)
