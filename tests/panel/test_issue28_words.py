@@ -147,8 +147,10 @@ def test_a_run_says_its_unit_and_that_it_is_starting(page, panel_engine, runner_
     assert m, first
     said = float(m.group(1)) * {"ms": 0.001, "s": 1, "min": 60}[m.group(2)]
     actual = (float(finished_ms) - first["at"]) / 1000
-    # The old ETA counted the 4 s of loading as work: about 2x to 10x too long. Now from reports only.
-    assert said <= 1.5 * actual + 2, (said, actual, texts)
+    # The old ETA counted the 4 s of loading as work: its first estimate here said about 50 s for ~5 s left.
+    # Now from the page's own samples only; the first of them is taken two batches in, and on a loaded host
+    # a batch's 0.5 s may stretch, so the bound leaves room for that noise and still refuses the old count.
+    assert said <= 3 * actual + 2, (said, actual, texts)
 
 
 def test_the_engine_comes_from_the_catalogue_and_the_banner_is_in_words(page):
