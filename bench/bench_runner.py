@@ -144,7 +144,9 @@ def heartbeat_cost(url, concurrency, ticks):
     """An in-process supervisor (this process never imports torch either), driven tick by tick."""
     from runner.database import child_connect_args, parent_engine, registration
     from runner.forkserver import ForkServerLauncher
+    from runner.loop_state import ChildSetup
     from runner.options import RunnerOptions
+    from runner.ports import Host
     from runner.supervisor import Supervisor
 
     os.environ["SCRINALIA_WORKER_PLUGINS"] = PLUGINS
@@ -163,10 +165,9 @@ def heartbeat_cost(url, concurrency, ticks):
         beats.append((len(statements) - before, len(result.held)))
         return result
 
-    sup = Supervisor(options, engine=engine, database_url=url, child_connect_args=child_connect_args(None),
-                     launcher=ForkServerLauncher(()), registration=registration(options, workers, kind="daemon",
-                                                                                 schema_revision=None),
-                     install_signals=False)
+    sup = Supervisor(options, registration(options, workers, kind="daemon", schema_revision=None),
+                     ForkServerLauncher(()), ChildSetup(url, child_connect_args(None), engine=engine),
+                     host=Host(install_signals=False))
     port = cast(Any, sup.db.ledger)
     original = port.heartbeat
     port.heartbeat = counted  # the port's statement, counted (the SQL is the ledger module's)

@@ -19,21 +19,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from runner import wire
 from runner.child import ENGINE_FIELDS
 from runner.children import Child
-from runner.devices import Placement, child_env
+from runner.devices import DevicePlanner, Placement, child_env
 from runner.drain import Drain
 from runner.finisher import Finisher
 from runner.launchers import Launcher, LauncherNotReady
 from runner.lease import Lease
 from runner.ledger_link import DatabaseDown, LedgerLink
-from runner.loop_state import ChildSetup, Services
+from runner.loop_state import ChildSetup
 from runner.outcome import format_error
-from runner.ports import Clock, Processes
+from runner.ports import Clock, Host
 from runner.tending import Children, Sampler
 from runner.timings import SPAWN_WAIT_MIN, Timings
 from scrinalia.db.engine import ServerFacts
@@ -57,27 +56,36 @@ class Waiting:
     claimed_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class StartsConfig:
+    """What the ``unstarted`` phase is told: whose runs it starts, with what, on which devices."""
+
+    runner_id: uuid.UUID
+    timings: Timings
+    setup: ChildSetup
+    devices: DevicePlanner | None = None  # None (the one-shot CLI): the child sees what the shell sees
+
+
 class Starts:
     """Phase ``unstarted``: the claimed runs without a child yet, and how a run gets its child."""
 
     name = "unstarted"
 
-    def __init__(self, clock: Clock, timings: Timings, db: LedgerLink, runner_id: uuid.UUID, launcher: Launcher,
-                 processes: Processes, finisher: Finisher, children: Children, lease: Lease, drain: Drain,
-                 services: Services, setup: ChildSetup, engine: Engine | None) -> None:
-        self.clock = clock
-        self.timings = timings
+    def __init__(self, host: Host, config: StartsConfig, db: LedgerLink, launcher: Launcher, finisher: Finisher,
+                 children: Children, lease: Lease, drain: Drain) -> None:
+        self.clock = host.clock
+        self.processes = host.processes
+        self.timings = config.timings
+        self.runner_id = config.runner_id
+        self.setup = config.setup
+        self.devices = config.devices
+        self.engine = config.setup.engine  # what ``spec.resolve`` and ``ServerFacts`` read (None: the simulator)
         self.db = db
-        self.runner_id = runner_id
         self.launcher = launcher
-        self.processes = processes
         self.finisher = finisher
         self.children = children
         self.lease = lease
         self.drain = drain
-        self.services = services
-        self.setup = setup
-        self.engine = engine  # what ``spec.resolve`` and ``ServerFacts`` read (None: the simulator's catalogue)
         self.unstarted: dict[uuid.UUID, tuple[WorkerRun, float]] = {}  # resolve/record_start wait for the database
         self.waiting: dict[uuid.UUID, Waiting] = {}  # the launcher did not start their child
 
@@ -93,14 +101,16 @@ class Starts:
                 del self.unstarted[run.run_id]
                 self.begin(run, claimed_at)
         for wait in list(self.waiting.values()):
-            if self._launcher_ready() and self.db.ok and not self.lease.fenced:
+            if self.launcher_ready() and self.db.ok and not self.lease.fenced:
                 del self.waiting[wait.run.run_id]
                 self._retry_spawn(wait)
-        if self.waiting and self.drain.draining and self.drain.deadline is not None \
-                and self.clock.monotonic() >= self.drain.deadline:
+        if self.waiting and self._drain_over():
             for wait in list(self.waiting.values()):
                 del self.waiting[wait.run.run_id]
                 self.finisher.not_started(wait.run, "the launcher did not start its child before the runner stopped")
+
+    def _drain_over(self) -> bool:
+        return self.drain.draining and self.drain.deadline is not None and self.clock.monotonic() >= self.drain.deadline
 
     def due(self) -> list[float]:
         moments = [self.clock.monotonic()] if self.unstarted and self.db.ok else []
@@ -122,8 +132,19 @@ class Starts:
             return
         self._spawn(wait.run, wait.resolved, wait.claimed_at)
 
-    def _launcher_ready(self) -> bool:
+    def launcher_ready(self) -> bool:
+        """The launcher answers and no spawn request is unanswered (decision 0112)."""
         return self.launcher.healthy() and not self.launcher.stalled
+
+    @property
+    def busy(self) -> int:
+        """The slots taken: the children, and the claimed runs without one yet."""
+        return len(self.children) + self.count
+
+    def claimed(self, run: WorkerRun) -> None:
+        """A run the poll claimed: counted, then started."""
+        self.finisher.counters["claimed"] += 1
+        self.begin(run, self.clock.monotonic())
 
     def held(self, held: Mapping[uuid.UUID, Any]) -> None:
         """The heartbeat's answer: a claimed run it did not renew is not ours any more."""
@@ -183,7 +204,7 @@ class Starts:
                 if c.device is not None]
 
     def _spawn(self, run: WorkerRun, resolved: ResolvedConfig, claimed_at: float) -> Child | None:
-        devices = self.services.devices
+        devices = self.devices
         device = devices.place(run.worker_name, self.placements()) if devices is not None else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -216,9 +237,7 @@ class Starts:
         except OSError as exc:
             log.error("run %s: the child %d did not take its assignment: %s", run.run_id, pid, exc,
                       extra=run_fields(run))
-        prepare = getattr(self.launcher, "set_prepare", None)
-        if prepare is not None:  # the next standby child builds its engine ahead (decision 0341)
-            prepare({k: assignment[k] for k in ENGINE_FIELDS})
+        self.launcher.set_prepare({k: assignment[k] for k in ENGINE_FIELDS})  # the next standby child (0341)
         ours.setblocking(False)
         log.info("run %s (%s) -> child %d%s", run.run_id, run.worker_name, pid,
                  f" on GPU {device.key}" if device is not None else "", extra=run_fields(run))
@@ -229,7 +248,7 @@ class Starts:
         return {
             "run": run,
             "config": resolved,  # already written by record_start: the child runs exactly this
-            "env": child_env(device) if self.services.devices is not None else {},
+            "env": child_env(device) if self.devices is not None else {},
             "database_url": self.setup.database_url,
             "connect_args": self.setup.connect_args,
             # What the child's engine would otherwise ask its first connection (decision 0073).
@@ -238,30 +257,37 @@ class Starts:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class PollConfig:
+    """What the ``poll`` phase is told: whose claims, for which workers, how many at once, how often."""
+
+    runner_id: uuid.UUID
+    capabilities: list[str]
+    concurrency: int
+    timings: Timings
+    devices: DevicePlanner | None = None  # the device rule of each claim (None: every slot is alike)
+
+
 class Poll:
-    """Phase ``poll``: ``expire_leases`` on its cadence, then one claim per free slot."""
+    """Phase ``poll``: ``expire_leases`` on its cadence, then one claim per free slot (the daemon's loop only:
+    the one-shot CLI claims nothing). A claimed run goes to ``Starts``, whose table of children it fills."""
 
     name = "poll"
 
-    def __init__(self, clock: Clock, timings: Timings, db: LedgerLink, runner_id: uuid.UUID,
-                 capabilities: list[str], concurrency: int, launcher: Launcher, children: Children,
-                 starts: Starts, lease: Lease, drain: Drain, finisher: Finisher, services: Services,
-                 sampler: Sampler, daemon: bool) -> None:
+    def __init__(self, clock: Clock, config: PollConfig, db: LedgerLink, starts: Starts, lease: Lease,
+                 drain: Drain, wakeup: Any, sampler: Sampler) -> None:
         self.clock = clock
-        self.timings = timings
+        self.timings = config.timings
+        self.runner_id = config.runner_id
+        self.capabilities = config.capabilities
+        self.concurrency = config.concurrency
+        self.devices = config.devices
         self.db = db
-        self.runner_id = runner_id
-        self.capabilities = capabilities
-        self.concurrency = concurrency
-        self.launcher = launcher
-        self.children = children
         self.starts = starts
         self.lease = lease
         self.drain = drain
-        self.finisher = finisher
-        self.services = services
+        self.wakeup = wakeup  # runner.wakeup.Wakeup (None: poll only)
         self.sampler = sampler
-        self.daemon = daemon  # the one-shot CLI claims nothing
         self.next_at = 0.0
         self.next_expiry = 0.0
 
@@ -269,10 +295,10 @@ class Poll:
         return (
             not self.drain.draining
             and not self.lease.fenced
+            and not self.lease.within_margin()  # fenced at the fence phase's next turn
             and self.db.ok
-            and self.launcher.healthy()
-            and not self.launcher.stalled  # a spawn unanswered, or restarting (decision 0112)
-            and len(self.children) + self.starts.count < self.concurrency
+            and self.starts.launcher_ready()  # a spawn unanswered, or restarting (decision 0112)
+            and self.starts.busy < self.concurrency
         )
 
     def claim_now(self) -> None:
@@ -281,24 +307,24 @@ class Poll:
     def interval(self) -> float:
         """While the LISTEN is up the poll is only the safety net (``Timings.listening_poll``); without
         the LISTEN: --poll."""
-        wakeup = self.services.wakeup
+        wakeup = self.wakeup
         if wakeup is not None and wakeup.listening:
             return self.timings.listening_poll()
         return self.timings.poll
 
     def due(self) -> list[float]:
-        return [self.next_at] if self.daemon and not self.drain.draining else []
+        return [self.next_at] if not self.drain.draining else []
 
     def run(self) -> None:
         now = self.clock.monotonic()
-        if not self.daemon or now < self.next_at:
+        if now < self.next_at:
             return
         self.next_at = now + self.interval()
         if self.db.unreachable:
             return  # the heartbeat's retry is the probe: our own rows are renewed before anything expires
         if now >= self.next_expiry:
             self.expire_leases()
-        if self.services.devices is not None and self.services.devices.devices and self.children:
+        if self.devices is not None and self.devices.devices and self.starts.children:
             self.sampler.sample()  # the memory rule reads what the children use now
         self._claim_while_free()
 
@@ -325,23 +351,22 @@ class Poll:
                 return
             if run is None:
                 return
-            self.finisher.counters["claimed"] += 1
-            self.starts.begin(run, self.clock.monotonic())
+            self.starts.claimed(run)
 
     def _claimable(self) -> list[str]:
         """The capability list of the next claim: the device rule (``runner.devices``) decides which
         workers a free slot (and the free GPU memory) allows now; the claim stays one statement."""
-        if self.services.devices is None:
+        if self.devices is None:
             return self.capabilities
-        return self.services.devices.claimable(self.capabilities, self.starts.placements())
+        return self.devices.claimable(self.capabilities, self.starts.placements())
 
     def device_status(self) -> list[dict[str, Any]]:
         """The owned devices, each with its slots and the children on it (``status``)."""
-        devices = self.services.devices
+        devices = self.devices
         if devices is None:
             return []
         on: dict[str, list[int]] = {}
-        for c in self.children.values():
+        for c in self.starts.children.values():
             if c.device is not None:
                 on.setdefault(c.device.key, []).append(c.pid)
         return [{**d.describe(), "memory_total_bytes": d.memory_total_bytes, "slots": devices.per_device,

@@ -135,6 +135,7 @@ def serve_daemon(options: RunnerOptions, settings: Any, url: Any, database: tupl
     from runner.devices import GpuProbe
     from runner.forkserver import ForkServerError, ForkServerLauncher
     from runner.launchers import SpawnLauncher
+    from runner.loop_state import ChildSetup, Services
     from runner.sdnotify import Notifier
     from runner.supervisor import Supervisor
     from scrinalia.db.errors import database_problem
@@ -160,13 +161,14 @@ def serve_daemon(options: RunnerOptions, settings: Any, url: Any, database: tupl
     else:
         launcher = SpawnLauncher(preload=options.preload)
     sup = Supervisor(
-        options, engine=engine, database_url=url.render(), child_connect_args=child_connect_args(settings, options),
-        launcher=launcher, mode="daemon", notifier=Notifier(), gpu=gpu, devices=planner, control=control,
-        registration=registration(options, capabilities, kind="daemon",
-                                  schema_revision=revision,
-                                  devices=planner.registry_devices(nvml_devices),
-                                  sees=seen_model_dirs(catalogue, capabilities, engine)),
-        wakeup=_wakeup(options, engine, capabilities, settings), catalogue=catalogue,
+        options,
+        registration(options, capabilities, kind="daemon", schema_revision=revision,
+                     devices=planner.registry_devices(nvml_devices),
+                     sees=seen_model_dirs(catalogue, capabilities, engine)),
+        launcher,
+        ChildSetup(url.render(), child_connect_args(settings, options), catalogue, engine),
+        services=Services(notifier=Notifier(), gpu=gpu, devices=planner, control=control,
+                          wakeup=_wakeup(options, engine, capabilities, settings)),
     )
     try:
         sup.open()

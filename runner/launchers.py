@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +85,14 @@ class Launcher(Protocol):
 
     def close(self) -> None: ...
 
+    def warm(self, key: dict[str, str], worker: str) -> bool:
+        """Keep the model ``key`` warm for ``worker`` (a child loaded it cold); True when asked (decision 0340)."""
+        ...
+
+    def set_prepare(self, prepare: dict[str, Any]) -> None:
+        """How children reach the database: a standby child builds its engine ahead (decision 0341)."""
+        ...
+
 
 class SpawnLauncher:
     """A fresh interpreter per child: nothing inherited, nothing preloaded (seconds with torch)."""
@@ -144,6 +152,12 @@ class SpawnLauncher:
 
     def info(self) -> dict:
         return {"start_method": "spawn", "preload": list(self.preload)}
+
+    def warm(self, key: dict[str, str], worker: str) -> bool:
+        return False  # a fresh interpreter per child: nothing is kept warm
+
+    def set_prepare(self, prepare: dict[str, Any]) -> None:
+        pass  # no standby child
 
     def close(self) -> None:
         for pid, (proc, pidfd) in list(self._children.items()):

@@ -1,9 +1,11 @@
 """The phases that keep the lease: the self-fence, the heartbeat, progress, notifications.
 
-* ``Lease`` (phase ``fence``): what the last heartbeat said about the lease; when it could not be renewed
-  before ``lease - fence_margin``, SIGKILL every child and claim nothing until the database answers (the
-  children are dead before another runner may expire their rows). Every wait of the loop ends by its
-  ``fence_point`` (decision 0110);
+* ``Lease``: what the last heartbeat said about the lease, and its fence point; every wait of the loop and
+  every statement ends by it (decision 0110);
+* ``Fence`` (phase ``fence``): when the lease could not be renewed before ``lease - fence_margin``, SIGKILL
+  every child and claim nothing until the database answers (the children are dead before another runner
+  may expire their rows). It runs at its place in the loop, and between two phases when a statement met
+  the fence point (the request ``fence``; decision 0312), never inside another phase;
 * ``Heartbeat``: ONE statement per interval renews the registry row and every RUNNING row of this
   runner; a row missing from its answer is lost (SIGKILL that child, write nothing more), a cancel
   request in it is handed to the child, and the answer settles the finisher's abandoned runs;
@@ -16,10 +18,10 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from runner.drain import Drain
-from runner.finisher import Finisher
 from runner.ledger_link import DatabaseDown, LedgerLink
 from runner.loop_state import Requests
 from runner.ports import Clock
@@ -31,15 +33,12 @@ log = logging.getLogger("scrinalia.runner")
 
 
 class Lease:
-    """Phase ``fence``: the lease as the last heartbeat left it, and the self-fence."""
+    """The lease as the last heartbeat left it; its fence point bounds every wait and every statement."""
 
-    name = "fence"
-
-    def __init__(self, clock: Clock, timings: Timings, children: Children, effects: Effects) -> None:
+    def __init__(self, clock: Clock, timings: Timings, children: Children) -> None:
         self.clock = clock
         self.timings = timings
         self.children = children
-        self.effects = effects
         self.deadline: float | None = None   # CLOCK_MONOTONIC: the lease ends (conservative by the round trip)
         self.last_ok: float | None = None
         self.fenced = False                  # the lease could not be renewed in time: no claims
@@ -53,6 +52,16 @@ class Lease:
         if self.deadline is None or not any(c.state.alive for c in self.children.values()):
             return None
         return self.deadline - self.timings.fence_margin
+
+    def within_margin(self) -> bool:
+        """The lease could not be renewed before ``lease - fence_margin``: the fence phase fences at its next
+        turn, and nothing is claimed meanwhile (with a child or without)."""
+        return self.margin() <= self.timings.fence_margin
+
+    def past_fence_point(self) -> bool:
+        """A live child's fence point is reached: nothing more is sent until the fence phase ran."""
+        point = self.fence_point()
+        return point is not None and self.clock.monotonic() >= point
 
     def bounded_wait(self, seconds: float) -> float:
         """``seconds``, clipped to the fence point: how long the loop may wait on anything now."""
@@ -68,27 +77,47 @@ class Lease:
             log.warning("the database answers again: claiming resumes")
             self.fenced = False
 
+
+class Fence:
+    """Phase ``fence``: the self-fence (decision 0012), from the lease and the table of children."""
+
+    name = "fence"
+
+    def __init__(self, lease: Lease, children: Children, effects: Effects) -> None:
+        self.lease = lease
+        self.children = children
+        self.effects = effects
+
     def run(self) -> None:
-        margin = self.margin()
-        if margin > self.timings.fence_margin:
+        lease = self.lease
+        if not lease.within_margin():
             return
+        margin = lease.margin()
         live = [c for c in self.children.values() if c.state.alive]
-        if not self.fenced and live:
+        if not lease.fenced and live:
             log.critical(
                 "self-fence: the lease could not be renewed in time (%.1fs of margin left); killing %d children "
                 "and claiming nothing until the database answers", margin, len(live),
             )
-        elif not self.fenced:
+        elif not lease.fenced:
             log.warning("the lease could not be renewed in time; claiming nothing until the database answers")
-        self.fenced = True
+        lease.fenced = True
         for child in live:
             self.effects.fence(child)
 
     def due(self) -> list[float]:
         """The fence point while a live child has one. Not once the children were fenced: a killed child
         whose exit report is late (a stopped fork server) must not make the loop spin on a past moment."""
-        point = self.fence_point()
+        point = self.lease.fence_point()
         return [] if point is None else [point]
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatConfig:
+    """What the heartbeat phase is told: whose rows it renews, and for how long."""
+
+    runner_id: uuid.UUID
+    timings: Timings
 
 
 class Heartbeat:
@@ -96,16 +125,15 @@ class Heartbeat:
 
     name = "heartbeat"
 
-    def __init__(self, clock: Clock, timings: Timings, db: LedgerLink, runner_id: uuid.UUID, lease: Lease,
-                 children: Children, effects: Effects, finisher: Finisher, drain: Drain, sampler: Sampler) -> None:
+    def __init__(self, clock: Clock, config: HeartbeatConfig, db: LedgerLink, lease: Lease, children: Children,
+                 effects: Effects, drain: Drain, sampler: Sampler) -> None:
         self.clock = clock
-        self.timings = timings
+        self.timings = config.timings
         self.db = db
-        self.runner_id = runner_id
+        self.runner_id = config.runner_id
         self.lease = lease
         self.children = children
         self.effects = effects
-        self.finisher = finisher
         self.drain = drain
         self.sampler = sampler
         self.next_at = 0.0
@@ -150,7 +178,7 @@ class Heartbeat:
 
     def _apply_held(self, held: Mapping[uuid.UUID, Any]) -> None:
         """The rows the heartbeat renewed (with their cancel requests): lose the others, hand the
-        cancels over, let the finisher settle what it abandoned."""
+        cancels over; the rows go to the unstarted claims and the finisher's abandoned runs as a request."""
         for child in list(self.children.values()):
             if not child.state.alive:
                 continue
@@ -159,8 +187,9 @@ class Heartbeat:
                                          "(expired or taken by another runner)")
             elif held[child.run.run_id] is not None and child.state.cancel_sent_at is None:
                 self.effects.request_cancel(child, "cancel requested")
-        self.effects.requests.held = held  # the claimed runs without a child yet check it (``Starts.held``)
-        self.finisher.settle(held)
+        # The claimed runs without a child yet (``Starts.held``) and the finisher's abandoned runs
+        # (``Finisher.settle``) check it, handed over by the loop right after this phase.
+        self.effects.requests.held = held
 
 
 class ProgressWriter:

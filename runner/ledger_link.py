@@ -9,20 +9,23 @@ error, named by ``classify_database_error`` (decision 0103); the error's class f
 ``DatabaseDown``; the caller leaves what it was doing for a later tick.
 ``statements`` counts what was sent, by protocol step (``status`` shows it).
 
-No step outlives the self-fence point (decision 0110): ``fence_check`` (the supervisor's fence phase)
-runs before each step and after a failed one, and the step runs under ``runner.bounded.until`` the
-supervisor's ``fence_point``, so a silent network abandons it there at the latest.
+No step starts or outlives the self-fence point (decision 0110): ``bound`` (the lease, ``runner.lease``)
+says where it is. A step asked for past it is refused (``DatabaseDown``, nothing sent) and a step runs
+under ``runner.bounded.until`` it, so a silent network abandons it there at the latest. The link never
+fences itself: a step refused, or failed at the point, writes the request ``fence`` (``loop_state.Requests``)
+and the loop runs the fence phase before the next phase (decision 0312).
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from runner.ledger_port import LedgerPort
+from runner.loop_state import Requests
 from scrinalia.db.errors import classify_database_error, describe_database_error
 
 log = logging.getLogger("scrinalia.runner")
@@ -32,14 +35,44 @@ class DatabaseDown(Exception):
     """A ledger statement failed; the loop goes on and retries."""
 
 
+class FenceBound(Protocol):
+    """Where the self-fence point is (``runner.lease.Lease``)."""
+
+    def fence_point(self) -> float | None:
+        """CLOCK_MONOTONIC; None: no live child, nothing to fence."""
+        ...
+
+    def within_margin(self) -> bool:
+        """The lease is within its fence margin (a live child or not): the fence phase is due."""
+        ...
+
+    def past_fence_point(self) -> bool:
+        """A live child's fence point is reached: nothing may be sent."""
+        ...
+
+
+class Unfenced:
+    """No lease (a test of one phase, the registration): nothing bounds a step but its own bound."""
+
+    def fence_point(self) -> float | None:
+        return None
+
+    def within_margin(self) -> bool:
+        return False
+
+    def past_fence_point(self) -> bool:
+        return False
+
+
 @dataclass(eq=False)
 class LedgerLink:
     ledger: LedgerPort
+    bound: FenceBound = field(default_factory=Unfenced)
+    requests: Requests = field(default_factory=Requests)  # where ``fence`` is asked for (the loop's)
     state: str = "unknown"       # ok | blocked | unreachable | error | unknown (nothing sent yet)
     error: str | None = None     # the last error's class
     statements: dict[str, int] = field(default_factory=dict)
-    fence_point: Callable[[], float | None] = lambda: None  # CLOCK_MONOTONIC; None: nothing to fence
-    fence_check: Callable[[], None] = lambda: None          # kills the children once the point is reached
+    refused: dict[str, int] = field(default_factory=dict)  # steps not sent: asked for past the fence point
 
     @property
     def ok(self) -> bool:
@@ -51,15 +84,20 @@ class LedgerLink:
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` (a method of ``ledger``), one protocol step named ``what``. Raises
-        ``DatabaseDown``."""
-        self.fence_check()  # no step starts past the fence point with live children
+        ``DatabaseDown``, without sending anything past the fence point."""
+        if self.bound.within_margin():
+            self.requests.fence = True  # the fence phase runs before the next phase
+            if self.bound.past_fence_point():  # no step starts past the fence point with live children
+                self.refused[what] = self.refused.get(what, 0) + 1
+                raise DatabaseDown(what)
         self.statements[what] = self.statements.get(what, 0) + 1
         try:
-            with self.ledger.bounded(self.fence_point()):  # nor outlives it (runner.bounded)
+            with self.ledger.bounded(self.bound.fence_point()):  # nor outlives it (runner.bounded)
                 result = fn(*args, **kwargs)
         except SQLAlchemyError as exc:
-            self.fence_check()
             self.failed(what, exc)
+            if self.bound.within_margin():  # abandoned at the fence point: fence before the next phase
+                self.requests.fence = True
             raise DatabaseDown(what) from None
         self.answered(what)
         return result
@@ -68,7 +106,7 @@ class LedgerLink:
         """Like ``call``, but a failure propagates (the registration at start: a database that does not
         answer then is the daemon's exit code, not a retry)."""
         self.statements[what] = self.statements.get(what, 0) + 1
-        with self.ledger.bounded(self.fence_point()):
+        with self.ledger.bounded(self.bound.fence_point()):
             result = fn(*args, **kwargs)
         self.answered(what)
         return result

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from runner.children import Child
     from runner.devices import DevicePlanner
 
@@ -39,7 +41,7 @@ class Position:
     why: str
 
 
-# The order of the loop, written once (``Supervisor`` builds its phase list from it; docs/architecture.md
+# The daemon's loop, written once (``Supervisor`` builds its phase list from it; docs/architecture.md
 # shows it; tests/runner/test_phases.py checks that each phase follows what it names in ``after``).
 PHASE_ORDER: tuple[Position, ...] = (
     Position("signals", (), "a TERM or INT begins the drain before anything is claimed or started this tick"),
@@ -60,6 +62,38 @@ PHASE_ORDER: tuple[Position, ...] = (
     Position("title", ("poll",), "the title shows the state this tick left"),
 )
 
+# The one-shot CLI's loop (``scrinalia-runner run``): one run it created itself, in the foreground. No
+# claims (no ``poll``), no LISTEN (``wakeup``), no control socket, no systemd (``watchdog``); a Ctrl-C is
+# the operator's cancel, not a drain (``interrupts`` instead of ``signals``). What it shares with the
+# daemon keeps the daemon's reasons.
+ONESHOT_ORDER: tuple[Position, ...] = (
+    Position("interrupts", (), "Ctrl-C asks the run to cancel (again: kills it) before anything is sent this "
+             "tick"),
+    Position("fence", (), "past the fence point the child dies before any phase sends a statement this tick"),
+    Position("children", ("fence",), "what the child said is read before its exit counts"),
+    Position("exits", ("children",), "its exit counts only after everything it sent before it"),
+    Position("heartbeat", ("fence", "exits"), "its snapshot holds the live child only; a lost row or a cancel "
+             "in its answer is acted on before the run starts"),
+    Position("unstarted", ("heartbeat",), "a run whose row the heartbeat did not renew is not started"),
+    Position("finishes", ("heartbeat", "exits"), "the heartbeat's answer settles an abandoned run first"),
+    Position("progress", ("finishes",), "no progress is written for a run this tick finished"),
+    Position("deadlines", ("children",), "a message that postpones a deadline (a sign of life) is read first"),
+    Position("title", ("finishes", "deadlines"), "the title shows the state this tick left"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """Which loop a supervisor runs: its phase order, and when it ends."""
+
+    name: str
+    order: tuple[Position, ...]
+    until_drained: bool  # the daemon serves until a drain; the one-shot until its one run ended
+
+
+DAEMON = Loop("daemon", PHASE_ORDER, until_drained=True)
+ONESHOT = Loop("oneshot", ONESHOT_ORDER, until_drained=False)
+
 
 @dataclass(slots=True)
 class Requests:
@@ -68,12 +102,14 @@ class Requests:
     services talk only to their driver). So each phase can be built and tested alone, and nothing runs
     inside another phase's step."""
 
+    fence: bool = False   # a statement met the fence point: the fence phase runs before the next phase
     claim: bool = False   # a slot became free, or a QUEUED run was announced: the poll claims at its turn
     beat: bool = False    # a run was abandoned, or a cancel was announced: the heartbeat beats at its turn
-    held: Mapping[Any, Any] | None = None  # the rows the last heartbeat renewed: the unstarted claims check them
+    held: Mapping[Any, Any] | None = None  # the rows the last heartbeat renewed: the unstarted claims and the
+    #                                         finisher's abandoned runs check them
 
     def pending(self) -> bool:
-        return self.claim or self.beat or self.held is not None
+        return self.fence or self.claim or self.beat or self.held is not None
 
 
 @dataclass(slots=True)
@@ -90,11 +126,12 @@ class Services:
 
 @dataclass(slots=True)
 class ChildSetup:
-    """What every child's assignment carries, and the catalogue the supervisor resolves with."""
+    """What every child's assignment carries, and the catalogue (and engine) the supervisor resolves with."""
 
     database_url: str
     connect_args: dict[str, Any]
     catalogue: Mapping[str, Any] | None = None  # None: loaded when first needed
+    engine: Engine | None = None  # what ``spec.resolve`` reads (None: the simulator's catalogue)
 
 
 @dataclass(slots=True)

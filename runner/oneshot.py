@@ -2,8 +2,9 @@
 
 It is a runner of its own (registry kind "cli": its own runner id, lease and heartbeat), it creates the
 run already RUNNING with trigger CLI (``ledger.create_running``), and it runs the same child entry point
-as the daemon, in the foreground, through the same supervisor loop (mode "oneshot": no claims). A crash
-of this process leaves a RUNNING row whose lease expires; the next runner or CLI repairs it.
+as the daemon, in the foreground, through the same supervisor on its own phase list
+(``loop_state.ONESHOT``: no claims). A crash of this process leaves a RUNNING row whose lease expires;
+the next runner or CLI repairs it.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from typing import Any
 
 from runner.database import check_schema, child_connect_args, parent_engine, registration
 from runner.launchers import SpawnLauncher
+from runner.loop_state import ONESHOT, ChildSetup, Services
 from runner.options import RunnerOptions
+from runner.ports import Host
 from runner.supervisor import Supervisor
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.workers.plugins import load_catalogue
@@ -66,11 +69,12 @@ def run_once(
         catalogue = load_catalogue()
         validated = validated_run(catalogue, engine, worker_name, request)
         sup = Supervisor(
-            options, engine=engine, database_url=url.render(), child_connect_args=child_connect_args(settings, options),
-            launcher=SpawnLauncher(preload=preload), mode="oneshot", install_signals=handle_signals,
-            registration=registration(options, [worker_name], kind="cli", schema_revision=revision),
-            on_progress=(lambda child: on_progress(dict(child.progress or {}))) if on_progress else None,
-            catalogue=catalogue,
+            options, registration(options, [worker_name], kind="cli", schema_revision=revision),
+            SpawnLauncher(preload=preload),
+            ChildSetup(url.render(), child_connect_args(settings, options), catalogue, engine),
+            services=Services(on_progress=(lambda child: on_progress(dict(child.progress or {})))
+                              if on_progress else None),
+            host=Host(install_signals=handle_signals), loop=ONESHOT,
         )
         run = {"worker_name": worker_name, "request": validated.request, "lease_seconds": lease_seconds,
                "requested_by": requested_by or _user()}

@@ -23,6 +23,7 @@ import os
 import select
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from runner import procinfo
@@ -112,3 +113,15 @@ class SystemProcesses:
 
     def oom_kill_counter(self) -> int | None:
         return procinfo.oom_kill_counter()
+
+
+@dataclass(slots=True)
+class Host:
+    """The supervisor's ports to the machine it runs on, as one parameter object: the production adapters
+    by default, the simulator's virtual ones in a scale-model run."""
+
+    clock: Clock = field(default_factory=SystemClock)
+    waiter: Waiter = field(default_factory=SelectWaiter)
+    processes: Processes = field(default_factory=SystemProcesses)
+    set_title: Callable[[str], None] = procinfo.set_title  # the process title (``ps``)
+    install_signals: bool = True  # False: a supervisor inside a test or the simulator leaves the handlers alone

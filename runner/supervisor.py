@@ -3,11 +3,12 @@
 Shaped like gunicorn's arbiter, with each phase an object that owns its state and receives its
 collaborators explicitly (River's maintenance services; decision 0130). One thread does everything.
 Each time the wait wakes it (a signal through the self-pipe, a child's message, an exit report, a
-control request, or a timer), it runs ``Supervisor.phases``, in this order:
+control request, or a timer), it runs ``Supervisor.phases``, in the order of its loop's list
+(``loop_state.PHASE_ORDER`` for the daemon, ``loop_state.ONESHOT_ORDER`` for the one-shot CLI):
 
-    signals    TERM/INT: drain (a second one: stop now); the one-shot CLI: INT = cancel, again = kill
+    signals    TERM/INT: drain (a second one: stop now); the one-shot's ``interrupts``: INT = cancel, again = kill
     wakeup     a notification: claim now, or beat now for a cancel request      (lease.Notifications)
-    fence      the lease could not be renewed in time: SIGKILL every child, claim nothing (lease.Lease)
+    fence      the lease could not be renewed in time: SIGKILL every child, claim nothing (lease.Fence)
     children   their messages: started (ready time), progress, result; the channel's EOF
     exits      exit reports; a run whose exit AND channel's end were observed goes to the finisher
     control    ``scrinalia-runner status`` over the unix socket
@@ -20,6 +21,8 @@ control request, or a timer), it runs ``Supervisor.phases``, in this order:
     watchdog   systemd's watchdog
     title      the process title
 
+A phase never calls another: what it wants of one (claim now, beat now, fence now) is a request
+(``loop_state.Requests``) that the loop hands over between two phases (decisions 0311, 0312).
 The loop sleeps until the earliest moment any phase is ``due`` (at most ``MAX_SELECT_WAIT``). Time,
 the wait, signals to children, the launcher, the control socket and the ledger are ports
 (``runner.ports``, ``runner.ledger_port``): production adapters by default, virtual ones in the
@@ -39,28 +42,24 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
-from sqlalchemy import Engine
-
-from runner import procinfo
 from runner.children import Child
-from runner.claims import ConfigurationError, Poll, Starts
-from runner.devices import DevicePlanner
+from runner.claims import ConfigurationError, Poll, PollConfig, Starts, StartsConfig
 from runner.drain import Drain
 from runner.finisher import Finisher
 from runner.launchers import Launcher, signal_name
-from runner.lease import Heartbeat, Lease, Notifications, ProgressWriter
+from runner.lease import Fence, Heartbeat, HeartbeatConfig, Lease, Notifications, ProgressWriter
 from runner.ledger_link import DatabaseDown, LedgerLink, brief
 from runner.ledger_port import LedgerPort
-from runner.loop_state import PHASE_ORDER, ChildSetup, Phase, Requests, Services, Uptime
+from runner.loop_state import DAEMON, ChildSetup, Loop, Phase, Requests, Services, Uptime
 from runner.options import RunnerOptions
 from runner.outcome import OPERATOR_INTERRUPT
-from runner.ports import Clock, ControlPort, Processes, SelectWaiter, SystemClock, SystemProcesses, Waiter
+from runner.ports import Clock, ControlPort, Host
 from runner.signals import SignalPipe
 from runner.tending import ChildMessages, Conversation, Deadlines, Effects, Exits, Sampler
-from runner.timings import MAX_SELECT_WAIT, NO_PIDFD_POLL
+from runner.timings import MAX_SELECT_WAIT, NO_PIDFD_POLL, Timings
 from scrinalia.domains.archive import registry
 from scrinalia.domains.archive.ledger import WorkerRun
 from scrinalia.domains.archive.workers.sdk import ResolvedConfig
@@ -73,96 +72,99 @@ __all__ = ["Child", "ConfigurationError", "DatabaseDown", "Supervisor", "_brief"
 
 
 class Supervisor:
-    """The parent of the runner's children. ``mode`` is "daemon" (claims from the queue) or "oneshot"."""
+    """The parent of the runner's children. ``loop`` is ``DAEMON`` (claims from the queue) or ``ONESHOT``
+    (the CLI's one run): each its own phase list (``runner.loop_state``)."""
 
     def __init__(
         self,
         options: RunnerOptions,
-        *,
-        engine: Engine | None,
-        database_url: str,
-        child_connect_args: dict[str, Any],
-        launcher: Launcher,
         registration: registry.RunnerRegistration,
-        mode: str = "daemon",
-        notifier: Any = None,
-        gpu: Any = None,
-        devices: DevicePlanner | None = None,
-        control: ControlPort | None = None,
-        wakeup: Any = None,
-        on_progress: Callable[[Child], None] | None = None,
-        install_signals: bool = True,
-        catalogue: Mapping[str, Any] | None = None,
+        launcher: Launcher,
+        setup: ChildSetup,
+        *,
+        services: Services | None = None,
         ledger: LedgerPort | None = None,
-        clock: Clock | None = None,
-        waiter: Waiter | None = None,
-        processes: Processes | None = None,
-        set_title: Callable[[str], None] = procinfo.set_title,
+        host: Host | None = None,
+        loop: Loop = DAEMON,
     ) -> None:
-        if mode not in ("daemon", "oneshot"):
-            raise ValueError(mode)
         if ledger is None:
             from runner.pg_ledger import PostgresLedger
 
-            ledger = PostgresLedger(engine)  # type: ignore[arg-type]  # None: a supervisor that sends nothing
+            ledger = PostgresLedger(setup.engine)  # type: ignore[arg-type]  # None: a supervisor that sends nothing
         self.options = options
-        self.timings = options.timings
-        self.mode = mode
+        self.loop = loop
         self.launcher = launcher
         self.registration = registration
-        self.clock = clock or SystemClock()
-        self.waiter = waiter or SelectWaiter()
-        self.processes = processes or SystemProcesses()
-        self.services = Services(notifier, gpu, devices, control, wakeup if mode == "daemon" else None, on_progress)
+        self.host = host or Host()
+        self.services = services or Services()
         self.uptime = Uptime(self.clock.wall(), self.clock.monotonic())
         self.signals = SignalPipe()
-        self._install_signals = install_signals
         self._registered = False
         self.children: dict[int, Child] = {}
-        self._build(ledger, engine, ChildSetup(database_url, child_connect_args, catalogue), set_title)
+        self._build(ledger, setup)
 
-    def _build(self, ledger: LedgerPort, engine: Engine | None, setup: ChildSetup,
-               set_title: Callable[[str], None]) -> None:
-        """The phases, each given its collaborators; then the one list the loop runs."""
-        clock, timings, children, runner_id = self.clock, self.timings, self.children, self.runner_id
-        self.db = LedgerLink(ledger)
-        self.finisher = Finisher(clock, self.db, runner_id, timings, self.launcher.name, self.processes)
-        self.drain = Drain(clock, timings.drain_timeout, self.services.notifier, lambda: len(children))
+    def _build(self, ledger: LedgerPort, setup: ChildSetup) -> None:
+        """The phases, each given its own config and collaborators; then the loop's phase list, in its order.
+        Nothing is patched in after construction: what a phase wants of another is a request (decision 0311)."""
+        host, clock, timings, children, runner_id = self.host, self.clock, self.timings, self.children, self.runner_id
+        services = self.services
         self.requests = Requests()
-        conversation = Conversation(clock, timings, self.services.on_progress)
-        self.effects = Effects(clock, children, self.processes, self.finisher, timings, conversation, self.requests)
-        self.sampler = Sampler(children, self.processes, self.services.gpu)
-        self.lease = Lease(clock, timings, children, self.effects)
-        self.db.fence_point, self.db.fence_check = self.lease.fence_point, self.lease.run  # decision 0110
-        self.messages = ChildMessages(children, self.effects)
-        self.exits = Exits(clock, children, self.launcher, self.effects, self.drain)
-        self.deadlines = Deadlines(clock, children, self.effects, self.processes, timings, self.drain)
-        self.heartbeat = Heartbeat(clock, timings, self.db, runner_id, self.lease, children, self.effects,
-                                   self.finisher, self.drain, self.sampler)
-        self.starts = Starts(clock, timings, self.db, runner_id, self.launcher, self.processes, self.finisher,
-                             children, self.lease, self.drain, self.services, setup, engine)
-        self.poll = Poll(clock, timings, self.db, runner_id, self.capabilities, self.options.concurrency,
-                         self.launcher, children, self.starts, self.lease, self.drain, self.finisher,
-                         self.services, self.sampler, daemon=self.mode == "daemon")
-        self.progress = ProgressWriter(clock, self.db, runner_id, children)
+        lease = Lease(clock, timings, children)
+        self.db = LedgerLink(ledger, lease, self.requests)  # no statement starts or outlives the fence point
+        self.finisher = Finisher(clock, self.db, runner_id, timings, self.launcher.name, host.processes)
+        self.drain = Drain(clock, timings.drain_timeout, services.notifier, lambda: len(children))
+        conversation = Conversation(clock, timings, services.on_progress)
+        effects = Effects(clock, children, host.processes, self.finisher, timings, conversation, self.requests)
+        sampler = Sampler(children, host.processes, services.gpu)
+        self.fence = Fence(lease, children, effects)
+        self.heartbeat = Heartbeat(clock, HeartbeatConfig(runner_id, timings), self.db, lease, children, effects,
+                                   self.drain, sampler)
+        self.starts = Starts(host, StartsConfig(runner_id, timings, setup, services.devices), self.db,
+                             self.launcher, self.finisher, children, lease, self.drain)
+        self.poll = Poll(clock, PollConfig(runner_id, self.capabilities, self.options.concurrency, timings,
+                                           services.devices),
+                         self.db, self.starts, lease, self.drain, services.wakeup, sampler)
         built: tuple[Phase, ...] = (
-            SignalPhase(self.signals, self.mode, self.drain, children, self.effects, self.db, self.registration.name),
-            Notifications(clock, self.services.wakeup, children, self.requests),
-            self.lease, self.messages, self.exits, ControlPhase(self.services.control, self.answer, self.lease),
-            self.heartbeat, self.starts, self.finisher, self.progress, self.deadlines, self.poll,
-            Watchdog(clock, self.services.notifier), Title(self.registration.name, self.status_line, set_title),
+            SignalPhase(self.signals, self.drain),
+            Interrupts(self.signals, self.drain, children, effects, self.db, self.registration.name),
+            Notifications(clock, services.wakeup, children, self.requests),
+            self.fence, ChildMessages(children, effects), Exits(clock, children, self.launcher, effects, self.drain),
+            ControlPhase(services.control, self.answer, lease),
+            self.heartbeat, self.starts, self.finisher, ProgressWriter(clock, self.db, runner_id, children),
+            Deadlines(clock, children, effects, host.processes, timings, self.drain), self.poll,
+            Watchdog(clock, services.notifier), Title(self.registration.name, self.status_line, host.set_title),
         )
         by_name = {phase.name: phase for phase in built}
-        if sorted(by_name) != sorted(position.name for position in PHASE_ORDER):
-            raise RuntimeError(f"the phases {sorted(by_name)} are not those of PHASE_ORDER")
-        self.phases: tuple[Phase, ...] = tuple(by_name[position.name] for position in PHASE_ORDER)
+        self.phases: tuple[Phase, ...] = tuple(by_name[position.name] for position in self.loop.order)
+
+    # --- what the phases share, by name --------------------------------------------------------------
+
+    @property
+    def clock(self) -> Clock:
+        return self.host.clock
+
+    @property
+    def timings(self) -> Timings:
+        return self.options.timings
+
+    @property
+    def lease(self) -> Lease:
+        return self.fence.lease
+
+    @property
+    def deadlines(self) -> Deadlines:
+        return cast(Deadlines, self.phase("deadlines"))
+
+    def phase(self, name: str) -> Phase:
+        """The loop's phase named ``name``."""
+        return next(phase for phase in self.phases if phase.name == name)
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def open(self) -> None:
         """Install the signal handlers (a signal from now on waits in the self-pipe for the loop), register,
         start the launcher. Stale leases are expired first (the daemon's poll then does it every ``expiry``)."""
-        if self._install_signals:
+        if self.host.install_signals:
             self.signals.install()
         self.db.send("register", self.db.ledger.register, self.registration)
         self._registered = True
@@ -182,6 +184,7 @@ class Supervisor:
     def serve(self) -> int:
         """The loop. Returns the process exit code."""
         self.heartbeat.beat()
+        self._hand_over(self.requests)
         if self.services.notifier is not None:
             self.services.notifier.ready(self.status_line())
         self.poll.next_at = self.clock.monotonic()
@@ -192,7 +195,7 @@ class Supervisor:
     def close(self) -> None:
         """Stop what is left (nothing, after a drain), close the launcher, mark the registry row stopped."""
         for child in list(self.children.values()):
-            self.processes.signal_group(child.pid, signal.SIGKILL)
+            self.host.processes.signal_group(child.pid, signal.SIGKILL)
         self.launcher.close()
         for child in list(self.children.values()):
             child.close()
@@ -218,7 +221,7 @@ class Supervisor:
     def _done(self) -> bool:
         if self.children or self.starts.waiting:
             return False
-        if self.mode == "daemon" and not self.drain.draining:
+        if self.loop.until_drained and not self.drain.draining:
             return False
         # Drained (or the one-shot's run ended): flush the finishes that could not be written and settle
         # the abandoned runs, unless the leases are over anyway (whoever expires them closes them).
@@ -231,21 +234,25 @@ class Supervisor:
         timeout = self.timeout()
         if not self.launcher.wait_fds() and self.children:
             timeout = min(timeout, NO_PIDFD_POLL)  # no pidfd on this kernel: poll the exits
-        self.waiter.wait(self._readable(), timeout)
+        self.host.waiter.wait(self._readable(), timeout)
         for phase in self.phases:
             phase.run()
             if self.requests.pending():
                 self._hand_over(self.requests)
 
     def _hand_over(self, requests: Requests) -> None:
-        """What a phase asked of another, handed to the phase it is for, between two phases."""
+        """What a phase asked of another, handed to the phase it is for, between two phases. A statement that
+        met the fence point makes the fence phase run now, before the next phase (decision 0312)."""
+        if requests.fence:
+            self.fence.run()
         if requests.held is not None:
+            self.finisher.settle(requests.held)
             self.starts.held(requests.held)
         if requests.claim and self.poll.may_claim():  # busy, draining or fenced: the poll would claim nothing
-            self.poll.claim_now()
+            self.poll.claim_now()  # the one-shot's loop has no poll: it never runs
         if requests.beat:
             self.heartbeat.beat_now()
-        requests.claim = requests.beat = False
+        requests.fence = requests.claim = requests.beat = False
         requests.held = None
 
     def timeout(self) -> float:
@@ -303,7 +310,7 @@ class Supervisor:
 
         command = request.get("command", "status")
         if command == "status":
-            self.sampler.sample()
+            self.heartbeat.sampler.sample()
             return supervisor_status(self)
         if command == "modules":
             from runner.guard import FORBIDDEN
@@ -320,43 +327,49 @@ class Supervisor:
 
 
 class SignalPhase:
-    """Phase ``signals``: what the self-pipe holds (``runner.signals``)."""
+    """Phase ``signals`` (the daemon's): what the self-pipe holds (``runner.signals``). TERM/INT: drain; a
+    second one, or QUIT: stop now."""
 
     name = "signals"
 
-    def __init__(self, signals: SignalPipe, mode: str, drain: Drain, children: dict[int, Child], effects: Effects,
-                 db: LedgerLink, requested_by: str) -> None:
+    def __init__(self, signals: SignalPipe, drain: Drain) -> None:
         self.signals = signals
-        self.mode = mode
         self.drain = drain
-        self.children = children
-        self.effects = effects
-        self.db = db
-        self.requested_by = requested_by
 
     def run(self) -> None:
         for signum in self.signals.read():
-            self.on_signal(signum)
+            if signum == signal.SIGCHLD:
+                continue  # an exit: collected by the exits phase
+            if signum == signal.SIGHUP:
+                log.info("SIGHUP ignored (restart the service to change its flags)")
+                continue
+            self.on_signal(signum, signal_name(signum))
 
     def due(self) -> list[float]:
         return []
 
-    def on_signal(self, signum: int) -> None:
-        name = signal_name(signum)
-        if signum == signal.SIGCHLD:
-            return  # an exit: collected by the exits phase
-        if signum == signal.SIGHUP:
-            log.info("SIGHUP ignored (restart the service to change its flags)")
-            return
-        if self.mode == "oneshot":
-            self._oneshot(signum, name)
-            return
+    def on_signal(self, signum: int, name: str) -> None:
         if signum == signal.SIGQUIT or self.drain.draining:
             self.drain.stop_now(f"{name} while draining" if self.drain.draining else name)
         else:
             self.drain.begin(f"{name} received")
 
-    def _oneshot(self, signum: int, name: str) -> None:
+
+class Interrupts(SignalPhase):
+    """Phase ``interrupts`` (the one-shot CLI's): the first Ctrl-C cancels the run at its next batch
+    boundary; another one, or a TERM, kills it."""
+
+    name = "interrupts"
+
+    def __init__(self, signals: SignalPipe, drain: Drain, children: dict[int, Child], effects: Effects,
+                 db: LedgerLink, requested_by: str) -> None:
+        super().__init__(signals, drain)
+        self.children = children
+        self.effects = effects
+        self.db = db
+        self.requested_by = requested_by
+
+    def on_signal(self, signum: int, name: str) -> None:
         self.drain.interrupts += 1
         if signum == signal.SIGINT and self.drain.interrupts == 1:
             log.warning("Ctrl-C: cancelling at the next batch boundary (Ctrl-C again to kill the run)")

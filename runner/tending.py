@@ -189,19 +189,13 @@ class Exits:
         metrics = (child.state.result or {}).get("metrics")
         if not isinstance(metrics, dict) or not isinstance(metrics.get("model_loads"), list):
             return
-        loads = metrics.pop("model_loads")
-        metrics["model_load"] = [{"warm": bool(load.get("warm")), "seconds": load.get("seconds")}
-                                 for load in loads if isinstance(load, dict)]
-        ask = getattr(self.launcher, "warm", None)
+        loads = [load for load in metrics.pop("model_loads") if isinstance(load, dict)]
+        metrics["model_load"] = [{"warm": bool(load.get("warm")), "seconds": load.get("seconds")} for load in loads]
         for load in loads:
-            if ask is not None and isinstance(load, dict) and not load.get("warm"):
-                try:
-                    key = {k: str(load[k]) for k in ("model_class", "model_dir", "dtype")}
-                except KeyError:
-                    continue
-                if ask(key, child.run.worker_name):
-                    log.info("worker %s loaded %s (%s) cold: asked the fork server to keep it warm",
-                             child.run.worker_name, key["model_dir"], key["dtype"])
+            key = _cold_model(load)
+            if key is not None and self.launcher.warm(key, child.run.worker_name):
+                log.info("worker %s loaded %s (%s) cold: asked the fork server to keep it warm",
+                         child.run.worker_name, key["model_dir"], key["dtype"])
 
     def _fork_server_died(self) -> None:
         log.critical("the fork server died; its children died with it")
@@ -217,6 +211,16 @@ class Exits:
         except Exception as exc:
             log.critical("the fork server cannot be restarted (%s); stopping", exc)
             self.drain.fail("fork server lost")
+
+
+def _cold_model(load: dict[str, Any]) -> dict[str, str] | None:
+    """The model a load read cold (None: it was warm, or the load does not name its model)."""
+    if load.get("warm"):
+        return None
+    try:
+        return {k: str(load[k]) for k in ("model_class", "model_dir", "dtype")}
+    except KeyError:
+        return None
 
 
 class Deadlines:

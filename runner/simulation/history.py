@@ -21,8 +21,10 @@ from typing import Any, cast
 from sqlalchemy.exc import DBAPIError
 
 from runner.forkserver import ForkServerNotAnswering  # noqa: F401 - the launcher's error, named for readers
+from runner.loop_state import ChildSetup, Services
 from runner.memory_ledger import MemoryDatabase
 from runner.options import RunnerOptions
+from runner.ports import Host as Ports
 from runner.simulation.control import Client, SimControl
 from runner.simulation.database import Network, SessionFaults, Window, WriteCheck, elapse_for
 from runner.simulation.faults import FAULT_KINDS, Dials, FaultPlan, Scheduled
@@ -175,10 +177,11 @@ class Simulation:
         control = SimControl(self.world, host.poke)
         host.control = control
         sup = Supervisor(
-            options, engine=None, database_url="simulated://", child_connect_args={}, launcher=host.fork_server,
-            registration=registration, mode="daemon", control=control, install_signals=False, catalogue=CATALOGUE,
-            ledger=cast(Any, WriteCheck(host.ledger, runner_id, self.checker.report)), clock=SimClock(host),
-            waiter=SimWaiter(self.world), processes=SimProcesses(host), set_title=lambda title: None,
+            options, registration, host.fork_server, ChildSetup("simulated://", {}, CATALOGUE),
+            services=Services(control=control),
+            ledger=cast(Any, WriteCheck(host.ledger, runner_id, self.checker.report)),
+            host=Ports(SimClock(host), SimWaiter(self.world), SimProcesses(host), lambda title: None,
+                       install_signals=False),
         )
         host.supervisor = sup
         try:

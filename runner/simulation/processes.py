@@ -341,6 +341,12 @@ class SimForkServer:
         if not self.dead:
             self.die()
 
+    def warm(self, key: dict[str, str], worker: str) -> bool:
+        return False  # the scale model loads no model
+
+    def set_prepare(self, prepare: dict[str, Any]) -> None:
+        pass  # no standby child in the scale model
+
     # --- the world's side -------------------------------------------------------------------------
 
     def reaped(self, child: SimChild) -> None:

@@ -8,12 +8,12 @@ from typing import Any, cast
 
 from runner.drain import Drain
 from runner.finisher import Finisher
-from runner.lease import Heartbeat, Lease
+from runner.lease import Fence, Heartbeat, HeartbeatConfig, Lease
 from runner.ledger_link import LedgerLink
-from runner.loop_state import Requests
+from runner.loop_state import ChildSetup, Requests
 from runner.memory_ledger import MemoryDatabase
 from runner.options import RunnerOptions
-from runner.ports import SystemProcesses
+from runner.ports import Host, SystemProcesses
 from runner.tending import Conversation, Effects, Sampler
 from scrinalia.domains.archive.registry import RunnerRegistration
 
@@ -37,19 +37,19 @@ def _registration(runner_id: uuid.UUID) -> RunnerRegistration:
                               lease_seconds=4.0)
 
 
-def _phases(db: MemoryDatabase, clock: ManualClock, runner_id: uuid.UUID) -> tuple[Heartbeat, Lease, Drain]:
+def _phases(db: MemoryDatabase, clock: ManualClock, runner_id: uuid.UUID) -> tuple[Heartbeat, Fence, Drain]:
     timings = RunnerOptions(name="t", heartbeat_seconds=1.0, lease_seconds=4.0).validate().timings
-    link = LedgerLink(db.session(lock_timeout_s=timings.server_statement_seconds))
     children: dict[int, Any] = {}
+    requests = Requests()
+    lease = Lease(clock, timings, children)
+    link = LedgerLink(db.session(lock_timeout_s=timings.server_statement_seconds), lease, requests)
     finisher = Finisher(clock, link, runner_id, timings, "spawn", SystemProcesses())
     drain = Drain(clock, timings.drain_timeout, None, lambda: 0)
     effects = Effects(clock, children, SystemProcesses(), finisher, timings, Conversation(clock, timings, None),
-                      Requests())
-    lease = Lease(clock, timings, children, effects)
-    link.fence_point, link.fence_check = lease.fence_point, lease.run
-    beat = Heartbeat(clock, timings, link, runner_id, lease, children, effects, finisher, drain,
+                      requests)
+    beat = Heartbeat(clock, HeartbeatConfig(runner_id, timings), link, lease, children, effects, drain,
                      Sampler(children, SystemProcesses(), None))
-    return beat, lease, drain
+    return beat, Fence(lease, children, effects), drain
 
 
 def test_the_heartbeat_renews_the_lease_on_the_database_clock_and_hands_over_a_drain_request():
@@ -57,7 +57,8 @@ def test_the_heartbeat_renews_the_lease_on_the_database_clock_and_hands_over_a_d
     db = MemoryDatabase(clock=lambda: T0 + timedelta(seconds=seconds[0]))
     clock, runner_id = ManualClock(), uuid.uuid4()
     db.session(lock_timeout_s=1).register(_registration(runner_id))
-    beat, lease, drain = _phases(db, clock, runner_id)
+    beat, fence, drain = _phases(db, clock, runner_id)
+    lease = fence.lease
     beat.run()
     assert lease.deadline == clock.now + 4.0 and beat.next_at == clock.now + 1.0 and not lease.fenced
     clock.now += 0.5
@@ -74,14 +75,15 @@ def test_the_fence_phase_fences_once_the_margin_is_reached_and_a_beat_lifts_it()
     db = MemoryDatabase(clock=lambda: T0)
     clock, runner_id = ManualClock(), uuid.uuid4()
     db.session(lock_timeout_s=1).register(_registration(runner_id))
-    beat, lease, _ = _phases(db, clock, runner_id)
+    beat, fence, _ = _phases(db, clock, runner_id)
+    lease = fence.lease
     beat.beat()
     clock.now += 4.0 - lease.timings.fence_margin - 0.01
-    lease.run()
+    fence.run()
     assert not lease.fenced
     clock.now += 0.02
-    lease.run()
-    assert lease.fenced and lease.due() == []  # no live child: nothing to wake the loop for
+    fence.run()
+    assert lease.fenced and fence.due() == []  # no live child: nothing to wake the loop for
     beat.beat()
     assert not lease.fenced and cast(float, lease.deadline) > clock.now
 
@@ -101,9 +103,9 @@ def test_the_loop_runs_its_phases_in_the_written_order_and_each_follows_what_it_
         assert position.why, position.name
         for earlier in position.after:
             assert earlier in names[:index], f"{position.name} must follow {earlier}"
-    sup = Supervisor(RunnerOptions(name="x").validate(), engine=None, database_url="", child_connect_args={},
-                     launcher=SpawnLauncher(), install_signals=False,
-                     registration=cast(Any, SimpleNamespace(runner_id=uuid.uuid4(), capabilities=(), name="x")))
+    sup = Supervisor(RunnerOptions(name="x").validate(),
+                     cast(Any, SimpleNamespace(runner_id=uuid.uuid4(), capabilities=(), name="x")), SpawnLauncher(),
+                     ChildSetup("", {}), host=Host(install_signals=False))
     assert [phase.name for phase in sup.phases] == names
 
 
@@ -198,7 +200,8 @@ def test_the_control_phase_answers_a_waiting_client_on_a_real_socket(tmp_path):
     db = MemoryDatabase(clock=lambda: T0)
     clock, runner_id = ManualClock(), uuid.uuid4()
     db.session(lock_timeout_s=1).register(_registration(runner_id))
-    _, lease, _ = _phases(db, clock, runner_id)
+    _, fence, _ = _phases(db, clock, runner_id)
+    lease = fence.lease
     server = ControlServer(tmp_path / "control.sock")
     server.open()
     asked: list[dict[str, Any]] = []
@@ -408,7 +411,7 @@ def test_the_signals_phase_begins_a_drain_on_sigterm_and_stops_at_once_on_a_seco
     pipe = SignalPipe()
     pipe.install()
     try:
-        phase = SignalPhase(pipe, "daemon", drain, children, effects, effects.finisher.db, "t")
+        phase = SignalPhase(pipe, drain)
         os.kill(os.getpid(), signal.SIGTERM)  # waits in the self-pipe for the phase
         assert not drain.draining
         phase.run()
@@ -418,3 +421,294 @@ def test_the_signals_phase_begins_a_drain_on_sigterm_and_stops_at_once_on_a_seco
         assert drain.deadline == clock.now  # a second TERM while draining: stop now
     finally:
         pipe.restore()
+
+
+# --- the fence is a phase: a statement only checks the bound (decision 0312) ---------------------------
+
+
+def _live_child(children: dict[int, Any], clock: ManualClock) -> Any:
+    """A real process in its own group, in the table as a running child."""
+    import socket
+    import subprocess
+    from types import SimpleNamespace
+
+    from runner.children import Child
+
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    ours, theirs = socket.socketpair()
+    theirs.close()
+    child = Child(run=cast(Any, SimpleNamespace(run_id=uuid.uuid4(), worker_name="w")), pid=process.pid,
+                  channel=ours, output_fd=None, claimed_at=clock.now)
+    child.state.started(clock.now)
+    children[child.pid] = child
+    return process
+
+
+def test_a_statement_past_the_fence_point_is_refused_and_asks_for_the_fence_which_only_the_loop_runs():
+    """No statement starts past the fence point with a live child; the link does not kill it itself (it may
+    be deep inside another phase): it writes the request, and the fence phase runs when the loop hands it
+    over, between two phases."""
+    from runner.ledger_link import DatabaseDown
+
+    db = MemoryDatabase(clock=lambda: T0)
+    clock, runner_id = ManualClock(), uuid.uuid4()
+    db.session(lock_timeout_s=1).register(_registration(runner_id))
+    beat, fence, _ = _phases(db, clock, runner_id)
+    lease, link, requests = fence.lease, beat.db, beat.effects.requests
+    beat.beat()
+    process = _live_child(fence.children, clock)
+    try:
+        point = lease.fence_point()
+        assert point is not None and fence.due() == [point]
+        clock.now = point - 0.01
+        link.call("heartbeat", link.ledger.heartbeat, runner_id, 4.0, progress={}, children=None)
+        assert not requests.fence and link.refused == {}
+        clock.now = point
+        try:
+            link.call("record_progress", link.ledger.record_progress, runner_id, {})
+            raise AssertionError("a statement past the fence point was sent")
+        except DatabaseDown:
+            pass
+        assert link.refused == {"record_progress": 1} and link.statements == {"heartbeat": 2}
+        assert requests.fence and not lease.fenced and process.poll() is None  # nobody was killed from inside
+        fence.run()  # the loop's turn
+        assert lease.fenced and process.wait(timeout=10) == -9
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_the_loop_hands_a_fence_request_to_the_fence_phase_before_the_next_phase():
+    from types import SimpleNamespace
+
+    from runner.launchers import SpawnLauncher
+    from runner.supervisor import Supervisor
+
+    clock = ManualClock()
+    sup = Supervisor(RunnerOptions(name="x", heartbeat_seconds=1.0, lease_seconds=4.0).validate(),
+                     cast(Any, SimpleNamespace(runner_id=uuid.uuid4(), capabilities=("w",), name="x")),
+                     SpawnLauncher(), ChildSetup("", {}),
+                     ledger=MemoryDatabase(clock=lambda: T0).session(lock_timeout_s=1),
+                     host=Host(clock=clock, install_signals=False))
+    sup.lease.deadline = clock.now + sup.timings.fence_margin  # the margin is spent
+    assert not sup.lease.fenced and sup.lease.within_margin() and not sup.poll.may_claim()
+    sup.requests.fence = True
+    sup._hand_over(sup.requests)
+    assert sup.lease.fenced and not sup.requests.pending()
+
+
+# --- the one-shot's own phase list -------------------------------------------------------------------------
+
+
+def test_the_one_shot_runs_its_own_phase_list_written_once_with_its_reasons():
+    """``ONESHOT_ORDER`` is the CLI's loop: no claims, no LISTEN, no control socket, no systemd, and a
+    Ctrl-C that cancels instead of draining. A phase moved before one it must follow, or a daemon's phase
+    slipped in, fails here."""
+    from types import SimpleNamespace
+
+    from runner.launchers import SpawnLauncher
+    from runner.loop_state import ONESHOT, ONESHOT_ORDER, PHASE_ORDER
+    from runner.supervisor import Interrupts, Supervisor
+
+    names = [position.name for position in ONESHOT_ORDER]
+    assert len(set(names)) == len(names)
+    for index, position in enumerate(ONESHOT_ORDER):
+        assert position.why, position.name
+        for earlier in position.after:
+            assert earlier in names[:index], f"{position.name} must follow {earlier}"
+    daemon = [position.name for position in PHASE_ORDER]
+    assert set(daemon) - set(names) == {"signals", "wakeup", "control", "poll", "watchdog"}
+    assert set(names) - set(daemon) == {"interrupts"}
+    assert [n for n in daemon if n in names] == [n for n in names if n in daemon]  # the shared ones keep their order
+    sup = Supervisor(RunnerOptions(name="x").validate(),
+                     cast(Any, SimpleNamespace(runner_id=uuid.uuid4(), capabilities=(), name="x")), SpawnLauncher(),
+                     ChildSetup("", {}), host=Host(install_signals=False), loop=ONESHOT)
+    assert [phase.name for phase in sup.phases] == names and isinstance(sup.phases[0], Interrupts)
+    assert not ONESHOT.until_drained
+
+
+# --- exits and poll, each alone --------------------------------------------------------------------------
+
+
+class Reaper:
+    """A launcher over real processes the test started: their exit reports, and the models asked warm."""
+
+    name = "spawn"
+    stalled = False
+    child_preload: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.processes: dict[int, Any] = {}
+        self.asked: list[tuple[dict[str, str], str]] = []
+
+    def collect_exits(self) -> list[Any]:
+        import os
+
+        from runner.launchers import ChildExit
+
+        exits = []
+        for pid in list(self.processes):
+            got, status, rusage = os.wait4(pid, os.WNOHANG)
+            if got:
+                del self.processes[pid]
+                exits.append(ChildExit.from_wait(pid, status, rusage))
+        return exits
+
+    def healthy(self) -> bool:
+        return True
+
+    def warm(self, key: dict[str, str], worker: str) -> bool:
+        self.asked.append((key, worker))
+        return True
+
+
+def test_the_exits_phase_ends_a_run_whose_exit_and_channel_end_were_seen_and_asks_a_cold_model_warm():
+    """A real child process sends its result over a real channel and exits: the exits phase reads what it
+    sent first, hands the run to the finisher (the row is SUCCESS in the ledger), asks the launcher to keep
+    the model it loaded cold warm, and frees the slot (a claim request, not a call to the poll)."""
+    import socket
+    import subprocess
+
+    from runner import wire
+    from runner.children import Child
+    from runner.tending import Exits
+
+    db = MemoryDatabase(clock=lambda: T0)
+    clock, runner_id = ManualClock(), uuid.uuid4()
+    setup = db.session(lock_timeout_s=1)
+    setup.register(_registration(runner_id))
+    setup.enqueue("w", {})
+    run = setup.claim_next(runner_id, ["w"], 4.0)
+    assert run is not None
+    timings = RunnerOptions(name="t", heartbeat_seconds=1.0, lease_seconds=4.0).validate().timings
+    children: dict[int, Any] = {}
+    requests = Requests()
+    finisher = Finisher(clock, LedgerLink(db.session(lock_timeout_s=1)), runner_id, timings, "spawn",
+                        SystemProcesses())
+    effects = Effects(clock, children, SystemProcesses(), finisher, timings, Conversation(clock, timings, None),
+                      requests)
+    launcher = Reaper()
+    phase = Exits(clock, children, cast(Any, launcher), effects, Drain(clock, 1.0, None, lambda: len(children)))
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    process = subprocess.Popen(["sleep", "0"], start_new_session=True)
+    launcher.processes[process.pid] = process
+    child = Child(run=run, pid=process.pid, channel=ours, output_fd=None, claimed_at=clock.now)
+    children[child.pid] = child
+    load = {"warm": False, "seconds": 2.5, "model_class": "M", "model_dir": "/models/m", "dtype": "float32"}
+    wire.send(theirs, "started", {"t": clock.now})
+    wire.send(theirs, "result", {"status": "SUCCESS", "metrics": {"model_loads": [load]}})
+    theirs.close()
+    import os
+
+    os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # it exited; its report is the phase's to reap
+    phase.run()
+    assert child.pid not in children and requests.claim and not requests.beat
+    assert launcher.asked == [({"model_class": "M", "model_dir": "/models/m", "dtype": "float32"}, "w")]
+    final = db.session(lock_timeout_s=1).get_run(run.run_id)
+    assert final.status == "SUCCESS" and final.metrics["model_load"] == [{"warm": False, "seconds": 2.5}]
+    assert phase.due() == []
+
+
+class Spec:
+    """A catalogue entry that resolves without the database (its own resolver)."""
+
+    resolver = "own"
+    engine_source = "test"
+
+    def resolve(self, engine: Any, request: dict[str, Any], layer: Any = None) -> Any:
+        from scrinalia.domains.archive.workers.sdk import ResolvedConfig
+
+        return ResolvedConfig(engine_name="test", preset=None, db_batch_size=16, options={}, engine_options={},
+                              config={}, sources={})
+
+
+class NotReady(Reaper):
+    """A launcher that starts nothing (a stopped fork server): each claimed run waits for it."""
+
+    def spawn(self, channel_fd: int, output_fd: int, timeout: float | None = None) -> int:
+        from runner.launchers import LauncherNotReady
+
+        raise LauncherNotReady("stopped")
+
+    def set_prepare(self, prepare: dict[str, Any]) -> None:
+        raise AssertionError("no child was started")
+
+
+def test_the_poll_phase_expires_leases_and_claims_one_run_per_free_slot_on_its_cadence():
+    from runner.claims import Poll, PollConfig, Starts, StartsConfig
+
+    seconds = [0.0]
+    db = MemoryDatabase(clock=lambda: T0 + timedelta(seconds=seconds[0]))
+    clock, runner_id, other = ManualClock(), uuid.uuid4(), uuid.uuid4()
+    setup = db.session(lock_timeout_s=1)
+    setup.register(_registration(runner_id))
+    setup.register(_registration(other))
+    setup.enqueue("a", {})
+    stale = setup.claim_next(other, ["a"], 1.0)  # another runner's claim, whose lease will pass
+    assert stale is not None
+    for worker in ("b", "c", "d"):  # one active run per worker
+        setup.enqueue(worker, {})
+    seconds[0] = 2.0
+    timings = RunnerOptions(name="t", heartbeat_seconds=1.0, lease_seconds=4.0, concurrency=2).validate().timings
+    children: dict[int, Any] = {}
+    lease = Lease(clock, timings, children)
+    link = LedgerLink(db.session(lock_timeout_s=1), lease)
+    finisher = Finisher(clock, link, runner_id, timings, "spawn", SystemProcesses())
+    drain = Drain(clock, timings.drain_timeout, None, lambda: len(children))
+    config = StartsConfig(runner_id, timings, ChildSetup("", {}, dict.fromkeys("abcd", Spec())))
+    starts = Starts(Host(clock=clock), config, link, cast(Any, NotReady()), finisher, children, lease, drain)
+    poll = Poll(clock, PollConfig(runner_id, ["a", "b", "c", "d"], 2, timings), link, starts, lease, drain, None,
+                Sampler(children, SystemProcesses(), None))
+    link.call("heartbeat", link.ledger.heartbeat, runner_id, 4.0, progress={}, children=None)  # the link answers
+    assert poll.due() == [0.0] and poll.may_claim()
+    poll.run()
+    assert link.statements["expire_leases"] == 1 and link.statements["claim"] == 2  # two slots: two claims
+    assert starts.count == 2 and len(starts.waiting) == 2 and not poll.may_claim()  # both wait for the launcher
+    assert db.session(lock_timeout_s=1).get_run(stale.run_id).status == "INTERRUPTED"
+    assert finisher.counters["claimed"] == 2 and poll.next_at == clock.now + poll.interval()
+    poll.run()  # not due again yet: nothing sent
+    assert link.statements["claim"] == 2
+    drain.begin("test")
+    assert poll.due() == [] and not poll.may_claim()
+
+
+def test_the_interrupts_phase_cancels_the_one_shot_run_on_ctrl_c_and_kills_it_on_a_second():
+    """The one-shot's ``interrupts``: a first SIGINT writes the cancel request and tells the child; a
+    second one SIGKILLs it (a real child process in its own group). No drain either time."""
+    import os
+    import signal
+
+    from runner.signals import SignalPipe
+    from runner.supervisor import Interrupts
+
+    db = MemoryDatabase(clock=lambda: T0)
+    clock, runner_id = ManualClock(), uuid.uuid4()
+    setup = db.session(lock_timeout_s=1)
+    setup.register(_registration(runner_id))
+    setup.enqueue("w", {})
+    run = setup.claim_next(runner_id, ["w"], 4.0)
+    assert run is not None
+    children = dict[int, Any]()
+    effects, drain = _effects(clock, children)
+    process = _live_child(children, clock)
+    child = next(iter(children.values()))
+    child.run = run
+    link = LedgerLink(db.session(lock_timeout_s=1))
+    pipe = SignalPipe()
+    pipe.install()
+    try:
+        phase = Interrupts(pipe, drain, children, effects, link, "operator")
+        os.kill(os.getpid(), signal.SIGINT)
+        phase.run()
+        assert link.statements == {"request_cancel": 1} and child.state.cancel_sent_at == clock.now
+        assert db.session(lock_timeout_s=1).get_run(run.run_id).cancel_requested_at is not None
+        assert process.poll() is None and not drain.draining
+        os.kill(os.getpid(), signal.SIGINT)
+        phase.run()
+        assert process.wait(timeout=10) == -signal.SIGKILL and not drain.draining
+        assert phase.due() == []
+    finally:
+        pipe.restore()
+        if process.poll() is None:
+            process.kill()

@@ -118,12 +118,13 @@ def _idle_supervisor(**options):
     from types import SimpleNamespace
 
     from runner.launchers import SpawnLauncher
+    from runner.loop_state import ChildSetup
+    from runner.ports import Host
     from runner.supervisor import Supervisor
 
-    sup = Supervisor(RunnerOptions(name="x", **options).validate(), engine=NOTHING, database_url="",
-                     child_connect_args={}, launcher=SpawnLauncher(),
-                     registration=cast(Any, SimpleNamespace(runner_id=uuid.uuid4(), capabilities=(), name="x")),
-                     install_signals=False)
+    sup = Supervisor(RunnerOptions(name="x", **options).validate(),
+                     cast(Any, SimpleNamespace(runner_id=uuid.uuid4(), capabilities=(), name="x")), SpawnLauncher(),
+                     ChildSetup("", {}, engine=NOTHING), host=Host(install_signals=False))
     sup.heartbeat.next_at = sup.poll.next_at = time.monotonic() + 3600
     return sup
 
