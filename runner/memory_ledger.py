@@ -44,19 +44,44 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 import psycopg.errors
 from sqlalchemy.exc import DBAPIError
 
+from scrinalia.db.engine import ServerFacts
 from scrinalia.db.tables import ERROR_MAX
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.errors import RunAlreadyFinished, RunNotFound, WorkerRunAlreadyActive
-from scrinalia.domains.archive.ledger import HeartbeatResult, WorkerRun
+from scrinalia.domains.archive.ledger import FinishParams, HeartbeatResult, StartParams, WorkerRun
 from scrinalia.domains.archive.registry import RunnerRegistration, RunnerRow
 
 Clock = Callable[[], datetime]
+
+#: Each named query of ``scrinalia/domains/archive/queries.sql`` -> its in-memory twin ("Class.method"),
+#: filled by ``@statement``; ``tests/ledger/test_named_queries.py`` holds the two lists equal.
+TWINS: dict[str, str] = {}
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def statement(query: str) -> Callable[[_Method], _Method]:
+    """Mark a method as the in-memory twin of the named query ``query`` (its body sends
+    ``self._statement(query)``: counted, and passed by the simulator's faults under that name)."""
+
+    def mark(method: _Method) -> _Method:
+        if query in TWINS:
+            raise ValueError(f"two in-memory twins of {query!r}")
+        TWINS[query] = method.__qualname__
+        return method
+
+    return mark
+
+
+#: What a first connection learns of a PostgreSQL 16 server (``ServerFacts``): the in-memory ledger's answer.
+MEMORY_SERVER_FACTS = ServerFacts(server_version_info=(16, 0), default_schema_name="public",
+                                  default_isolation_level="READ COMMITTED", backslash_escapes=False)
 
 #: Row-lock modes another session may hold (PostgreSQL's FOR SHARE / FOR UPDATE). Every UPDATE of the
 #: protocol takes FOR NO KEY UPDATE, which conflicts with both; the batch COMMIT's FOR SHARE conflicts
@@ -229,6 +254,7 @@ class MemoryDatabase:
     by_text: dict[str, dict[str, Any]] = field(default_factory=dict)  # run_id::text, as jsonb keys name rows
     runners: dict[uuid.UUID, dict[str, Any]] = field(default_factory=dict)
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    llm_check_rule: dict[str, Any] | None = None  # the active LLM_CHECK cleaning rule (the API's write)
     locks: dict[uuid.UUID, list[RowLock]] = field(default_factory=dict)
     committed_batches: list[CommittedBatch] = field(default_factory=list)
     statements: int = 0
@@ -338,6 +364,15 @@ class MemoryDatabase:
             "updated_at": self.now().isoformat(),
             "updated_by": changed_by,
         }
+
+    def put_llm_check_rule(self, name: str, engine_name: str, engine_options: Mapping[str, Any], *,
+                           prompt: str, field: str = "title") -> None:
+        """The API makes ``name`` the active LLM_CHECK cleaning rule (one at a time, as the partial unique
+        index ``uq_cleaning_rule_active_llm_check`` has it)."""
+        previous = self.llm_check_rule
+        self.llm_check_rule = {"id": (previous["id"] + 1) if previous else 1, "name": name,
+                               "engine_name": engine_name, "engine_options": _jsonb(dict(engine_options)),
+                               "prompt": prompt, "field": field, "updated_at": self.now().isoformat()}
 
     def runner(self, runner_id: uuid.UUID) -> RunnerRow | None:
         """The registry row, with its state by the database clock (``registry.get_runner``)."""
@@ -483,6 +518,7 @@ class InMemoryBatch:
         idle = self.session.idle_in_transaction_s
         return None if idle is None else self._last_active + _seconds(idle)
 
+    @statement("register_batch_fence")
     def register_fence(self) -> bool:
         """The INSERT ... WHERE EXISTS (held by me, RUNNING, lease_expires_at > clock_timestamp())."""
         with self.session._statement("register_batch_fence"):
@@ -622,6 +658,7 @@ class InMemoryLedger:
 
     # --- the queue ------------------------------------------------------------------------------------
 
+    @statement("enqueue")
     def enqueue(
         self,
         worker_name: str,
@@ -646,6 +683,7 @@ class InMemoryLedger:
             }, now)
             return WorkerRun(**row)
 
+    @statement("claim_next")
     def claim_next(self, runner_id: uuid.UUID, capabilities: Iterable[str], lease_seconds: float) -> WorkerRun | None:
         caps = list(capabilities)
         if not caps:
@@ -666,6 +704,7 @@ class InMemoryLedger:
                 return WorkerRun(**row)
             return None
 
+    @statement("create_running")
     def create_running(
         self,
         worker_name: str,
@@ -692,16 +731,8 @@ class InMemoryLedger:
             return None
         return row
 
-    def record_start(
-        self,
-        run_id: uuid.UUID,
-        runner_id: uuid.UUID,
-        *,
-        engine_name: str | None,
-        preset: str | None,
-        config: Mapping[str, Any] | None,
-        options: Mapping[str, Any] | None,
-    ) -> bool:
+    @statement("record_start")
+    def record_start(self, run_id: uuid.UUID, runner_id: uuid.UUID, params: StartParams) -> bool:
         with self._statement("record_start"):
             now = self.db.now()
             row = self._held_row(run_id, runner_id)
@@ -709,9 +740,11 @@ class InMemoryLedger:
                 return False
             if self._wait_for("record_start", [row], now) and self._held_row(run_id, runner_id) is None:
                 return False
-            row.update(engine_name=engine_name, preset=preset, config=_jsonb(config), options=_jsonb(options))
+            row.update(engine_name=params.engine_name, preset=params.preset, config=_jsonb(params.config),
+                       options=_jsonb(params.options))
             return True
 
+    @statement("heartbeat")
     def heartbeat(
         self,
         runner_id: uuid.UUID,
@@ -747,6 +780,7 @@ class InMemoryLedger:
                 db_now=now, lease_expires_at=until,
             )
 
+    @statement("record_progress")
     def record_progress(self, runner_id: uuid.UUID, progress: Mapping[Any, Mapping[str, Any]]) -> int:
         if not progress:
             return 0
@@ -765,21 +799,8 @@ class InMemoryLedger:
                 row["progress"] = value
             return len(changes)
 
-    def finish(
-        self,
-        run_id: uuid.UUID,
-        runner_id: uuid.UUID,
-        status: str,
-        *,
-        error: str | None = None,
-        exit_code: int | None = None,
-        exit_signal: int | None = None,
-        exit_reason: str | None = None,
-        progress: Mapping[str, Any] | None = None,
-        metrics: Mapping[str, Any] | None = None,
-        result: Mapping[str, Any] | None = None,
-    ) -> WorkerRun | None:
-        ledger.check_finish(status, exit_reason)
+    @statement("finish")
+    def finish(self, run_id: uuid.UUID, runner_id: uuid.UUID, params: FinishParams) -> WorkerRun | None:
         with self._statement("finish"):
             now = self.db.now()
             row = self._held_row(run_id, runner_id)
@@ -787,16 +808,18 @@ class InMemoryLedger:
                 return None
             if self._wait_for("finish", [row], now) and self._held_row(run_id, runner_id) is None:
                 return None
-            error = None if error is None else error[:ERROR_MAX]
-            row.update(status=status, finished_at=now, duration_ms=_duration_ms(now, row["started_at"]),
-                       error=error, error_fingerprint=error_fingerprint(error), exit_code=exit_code,
-                       exit_signal=exit_signal, exit_reason=exit_reason)
-            for key, value in (("progress", progress), ("metrics", metrics), ("result", result)):
+            error = None if params.error is None else params.error[:ERROR_MAX]
+            row.update(status=params.status, finished_at=now, duration_ms=_duration_ms(now, row["started_at"]),
+                       error=error, error_fingerprint=error_fingerprint(error), exit_code=params.exit_code,
+                       exit_signal=params.exit_signal, exit_reason=params.exit_reason)
+            for key, value in (("progress", params.progress), ("metrics", params.metrics),
+                               ("result", params.result)):
                 if value is not None:
                     row[key] = _jsonb(value)
             self.db._ended(row, "RUNNING")
             return WorkerRun(**row)
 
+    @statement("expire_leases")
     def expire_leases(self) -> list[WorkerRun]:
         with self._statement("expire_leases"):
             db = self.db
@@ -815,6 +838,7 @@ class InMemoryLedger:
                 db._ended(row, "RUNNING")
             return [WorkerRun(**row) for row in expired]
 
+    @statement("request_cancel")
     def request_cancel(self, run_id: uuid.UUID, requested_by: str | None = None) -> WorkerRun:
         with self._statement("request_cancel"):
             now = self.db.now()
@@ -836,23 +860,37 @@ class InMemoryLedger:
 
     # --- reads ------------------------------------------------------------------------------------------
 
+    @statement("get_run")
     def get_run(self, run_id: uuid.UUID) -> WorkerRun | None:
         with self._statement("get_run"):
             row = self.db.by_run_id.get(run_id)
             return WorkerRun(**row) if row is not None else None
 
+    @statement("active_run")
     def active_run(self, worker_name: str) -> WorkerRun | None:
         with self._statement("active_run"):
             row = self.db._slot.get(worker_name)
             return WorkerRun(**row) if row is not None else None
 
+    @statement("worker_settings")
     def worker_settings(self, worker_name: str) -> dict[str, Any] | None:
-        with self._statement("settings"):
+        with self._statement("worker_settings"):
             row = self.db.settings.get(worker_name)
             return dict(row) if row is not None else None
 
+    @statement("llm_check_rule")
+    def llm_check_rule(self) -> dict[str, Any] | None:
+        with self._statement("llm_check_rule"):
+            rule = self.db.llm_check_rule
+            return None if rule is None else {**rule, "engine_options": dict(rule["engine_options"])}
+
+    def server_facts(self) -> ServerFacts | None:
+        """What a PostgreSQL 16 server says to a first connection (the in-memory ledger has no other)."""
+        return MEMORY_SERVER_FACTS
+
     # --- the registry -------------------------------------------------------------------------------
 
+    @statement("register")
     def register(self, registration: RunnerRegistration) -> None:
         with self._statement("register"):
             db = self.db
@@ -870,6 +908,7 @@ class InMemoryLedger:
                        sees=_jsonb(registration.sees), children=[], started_at=now, last_heartbeat_at=now)
             db.runners[registration.runner_id] = row
 
+    @statement("stop")
     def stop(self, runner_id: uuid.UUID) -> bool:
         with self._statement("stop"):
             row = self.db.runners.get(runner_id)
@@ -878,6 +917,7 @@ class InMemoryLedger:
             row.update(stopped_at=self.db.now(), children=[])
             return True
 
+    @statement("request_drain")
     def request_drain(self, runner_id: uuid.UUID, requested_by: str | None = None) -> bool:
         with self._statement("request_drain"):
             row = self.db.runners.get(runner_id)

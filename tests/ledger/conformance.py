@@ -7,6 +7,7 @@ few helpers differ by adapter; every assertion is shared.
 """
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -49,6 +50,11 @@ class World(Protocol):
         ...
 
     def put_settings(self, worker_name: str, values: dict[str, Any]) -> None: ...
+
+    def put_llm_check_rule(self, name: str, engine_name: str, engine_options: dict[str, Any], *,
+                           prompt: str) -> None:
+        """The API makes ``name`` the active LLM_CHECK cleaning rule."""
+        ...
 
     def runner(self, runner_id: uuid.UUID) -> RunnerRow | None: ...
 
@@ -115,6 +121,14 @@ class PostgresWorld:
     def put_settings(self, worker_name: str, values: dict[str, Any]) -> None:
         worker_settings.put_settings(self.others, worker_name, values, changed_by="conformance")
 
+    def put_llm_check_rule(self, name: str, engine_name: str, engine_options: dict[str, Any], *,
+                           prompt: str) -> None:
+        with self.others.begin() as conn:
+            conn.execute(text("UPDATE archive_cleaning_rules SET active = false WHERE kind = 'LLM_CHECK'"))
+            conn.execute(text("INSERT INTO archive_cleaning_rules (name, kind, field, engine_name, engine_options, "
+                              "prompt) VALUES (:n, 'LLM_CHECK', 'title', :e, CAST(:o AS jsonb), :p)"),
+                         {"n": name, "e": engine_name, "o": json.dumps(engine_options), "p": prompt})
+
     def runner(self, runner_id: uuid.UUID) -> RunnerRow | None:
         return registry.get_runner(self.others, runner_id)
 
@@ -173,6 +187,10 @@ class MemoryWorld:
 
     def put_settings(self, worker_name: str, values: dict[str, Any]) -> None:
         self.database.put_settings(worker_name, values, changed_by="conformance")
+
+    def put_llm_check_rule(self, name: str, engine_name: str, engine_options: dict[str, Any], *,
+                           prompt: str) -> None:
+        self.database.put_llm_check_rule(name, engine_name, engine_options, prompt=prompt)
 
     def runner(self, runner_id: uuid.UUID) -> RunnerRow | None:
         return self.database.runner(runner_id)
