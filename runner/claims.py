@@ -164,7 +164,7 @@ class Starts:
         if spec is None:
             raise ConfigurationError(f"UnknownWorker: no worker named {run.worker_name!r} in this runner's catalogue")
         # What the resolver reads of the database, read here through the port on the warm connection
-        # (decisions 0074, 0350): the worker's persisted settings and, for a worker whose engine is the
+        # (decisions 0074, 0351): the worker's persisted settings and, for a worker whose engine is the
         # LLM_CHECK rule's, that rule. The resolver, default or custom, is given no engine.
         row = self.db.call("settings", self.db.ledger.worker_settings, run.worker_name)
         rule = (self.db.call("llm_check_rule", self.db.ledger.llm_check_rule)

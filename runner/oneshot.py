@@ -86,7 +86,7 @@ def _run_in(sup: Supervisor, what: dict[str, Any], resolved: ResolvedConfig,
     port = sup.db.ledger
     sup.open()
     try:
-        # Through the ledger link (decision 0350): counted, bounded by the fence point; a failure propagates.
+        # Through the ledger link (decision 0351): counted, bounded by the fence point; a failure propagates.
         run = sup.db.send(
             "create_running", port.create_running, what["worker_name"], what["request"], runner_id=sup.runner_id,
             lease_seconds=what["lease_seconds"], requested_by=what["requested_by"],

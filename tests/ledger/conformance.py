@@ -84,7 +84,9 @@ class PostgresWorld:
         ms = int(LOCK_TIMEOUT_S * 1000)
         self.engine: Engine = create_engine_from_url(
             database_url, pool_size=2, max_overflow=4, connect_args={"options": f"-c lock_timeout={ms}"})
-        self.others: Engine = create_engine_from_url(database_url, pool_size=2, max_overflow=4)
+        # Another session's: bounded too, so a defect that leaves a row locked fails a test instead of hanging it.
+        self.others: Engine = create_engine_from_url(database_url, pool_size=2, max_overflow=4,
+                                                     connect_args={"options": "-c lock_timeout=5000"})
         self.ledger: LedgerPort = PostgresLedger(self.engine)
         self.url = database_url
         self._engines: list[Engine] = []

@@ -50,3 +50,10 @@ def test_one_seed_replays_with_a_readable_trace():
     assert any("runner-1" in line and "registered" in line for line in lines)  # the supervisor's own log
     assert any("enqueued" in line for line in lines)
     assert str(run_seed(3).digest and f"{run_seed(3).digest:08x}") in lines[-1]
+
+
+def test_parallel_processes_give_the_same_summary_as_one():
+    one, two = run_many(list(range(6)), jobs=1), run_many(list(range(6)), jobs=2)
+    for summary in (one, two):
+        del summary["wall_seconds"]
+    assert one == two

@@ -494,7 +494,7 @@ class WorkerSpec:
         ``engine`` is the database (None: no persisted layer, used by offline validation, or the runner's
         claim, which reads the layer through its ledger port). ``layer``: the database's part already read
         (``DatabaseLayer``). A custom resolver is called ``resolver(spec, engine, request, layer)`` and
-        reads the layer when one is given (decision 0350). Raises a ``WorkerConfigError`` subclass that
+        reads the layer when one is given (decision 0351). Raises a ``WorkerConfigError`` subclass that
         names the offending field.
         """
         if self.resolver is not None:
