@@ -57,3 +57,19 @@ def test_parallel_processes_give_the_same_summary_as_one():
     for summary in (one, two):
         del summary["wall_seconds"]
     assert one == two
+
+
+def test_the_claims_reads_go_through_the_port_so_the_simulator_sends_them():
+    """Decision 0351: what a resolver reads at claim (the settings, the LLM_CHECK rule) is a statement of
+    the port, so the production supervisor sends it to the simulator's ledger too."""
+    from collections import Counter
+
+    from runner.simulation import Simulation
+
+    sim = Simulation(5)
+    sim.run()
+    sent: Counter[str] = Counter()
+    for host in sim.hosts:
+        if host.supervisor is not None:
+            sent.update(host.supervisor.db.statements)
+    assert sent["settings"] > 0 and sent["llm_check_rule"] > 0, sent
