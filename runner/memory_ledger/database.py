@@ -123,18 +123,24 @@ class MemoryDatabase:
                 return now
             if now >= until:
                 raise blocked_error(what, (now - started).total_seconds())
-            releases = [lock.release_at for lock in conflicting]
-            known = None if any(at is None for at in releases) else max(at for at in releases if at is not None)
-            wake = min(until, now + slice_, known) if known is not None else min(until, now + slice_)
+            known = _known_release(conflicting)
+            wake = min(until, now + slice_, *([known] if known is not None else []))
             self._charge((wake - now).total_seconds())
             after = self.now()
             if after <= now:  # the clock does not move: decide at once
-                if known is not None and known <= until:
-                    for lock in conflicting:
-                        lock.release()
-                    return now
-                raise blocked_error(what, bound)
+                return self._decide_at_once(what, conflicting, known, until, bound, now)
             now = after
+
+    @staticmethod
+    def _decide_at_once(what: str, conflicting: list[RowLock], known: datetime | None, until: datetime,
+                        bound: float, now: datetime) -> datetime:
+        """A wait on a clock that does not move: the locks' known release within the bound counts as
+        come, anything else is the lock_timeout at once."""
+        if known is not None and known <= until:
+            for lock in conflicting:
+                lock.release()
+            return now
+        raise blocked_error(what, bound)
 
     def _charge(self, seconds: float) -> None:
         if self.elapse is not None and seconds > 0:
@@ -243,3 +249,9 @@ class MemoryDatabase:
         rows = [self._slot[w] for w in dict.fromkeys(capabilities) if w in self._slot]
         rows = [r for r in rows if r["status"] == "QUEUED" and (r["not_before"] is None or r["not_before"] <= now)]
         return sorted(rows, key=lambda r: (r["queued_at"], r["id"]))
+
+
+def _known_release(locks: list[RowLock]) -> datetime | None:
+    """When the last of ``locks`` goes by itself; None when one of them has no release time."""
+    releases = [lock.release_at for lock in locks]
+    return None if any(at is None for at in releases) else max(at for at in releases if at is not None)

@@ -222,25 +222,46 @@ class InMemoryLedger:
             if self._wait_for("heartbeat", rows, now):
                 rows = [r for r in rows if r["status"] == "RUNNING" and r["runner_id"] == runner_id]
             until = now + seconds(lease_seconds)
-            registry = db.runners.get(runner_id)
-            if registry is not None:
-                registry["last_heartbeat_at"] = now
-                if children is not None:
-                    registry["children"] = jsonb(children)
+            registry = self._renew_registry(runner_id, now, children)
             held: dict[uuid.UUID, datetime | None] = {}
             for row in rows:
                 row["heartbeat_at"], row["lease_expires_at"] = now, until
                 held[row["run_id"]] = row["cancel_requested_at"]
-            if progress:  # COALESCE(:progress -> r.run_id::text, r.progress): the key's text names the row
-                for key, value in jsonb({str(k): v for k, v in progress.items()}).items():
-                    named = db.by_text.get(key)
-                    if named is not None and named["run_id"] in held:
-                        named["progress"] = value
+            if progress:
+                self._beat_progress(progress, held)
             return HeartbeatResult(
                 registry_renewed=registry is not None, held=held,
                 drain_requested_at=registry["drain_requested_at"] if registry is not None else None,
                 db_now=now, lease_expires_at=until,
             )
+
+    def _renew_registry(self, runner_id: uuid.UUID, now: datetime,
+                        children: Sequence[Mapping[str, Any]] | None) -> dict[str, Any] | None:
+        """The heartbeat's registry part: ``last_heartbeat_at``, and the children's snapshot when sent."""
+        registry = self.db.runners.get(runner_id)
+        if registry is not None:
+            registry["last_heartbeat_at"] = now
+            if children is not None:
+                registry["children"] = jsonb(children)
+        return registry
+
+    def _beat_progress(self, progress: Mapping[Any, Mapping[str, Any]], held: Mapping[uuid.UUID, Any]) -> None:
+        """``COALESCE(:progress -> r.run_id::text, r.progress)`` on the renewed rows: the key's text names
+        the row."""
+        for key, value in jsonb({str(k): v for k, v in progress.items()}).items():
+            named = self.db.by_text.get(key)
+            if named is not None and named["run_id"] in held:
+                named["progress"] = value
+
+    def _progress_changes(self, runner_id: uuid.UUID, progress: Mapping[str, Any]) -> list[tuple[dict[str, Any], Any]]:
+        """The held rows whose progress differs from what is sent (``IS DISTINCT FROM``), with the new value."""
+        changes = []
+        for key, value in progress.items():
+            found = self.db.by_text.get(key)
+            row = self._held_row(found["run_id"], runner_id) if found is not None else None
+            if row is not None and row["progress"] != value:
+                changes.append((row, value))
+        return changes
 
     @statement("record_progress")
     def record_progress(self, runner_id: uuid.UUID, progress: Mapping[Any, Mapping[str, Any]]) -> int:
@@ -248,12 +269,7 @@ class InMemoryLedger:
             return 0
         with self._statement("record_progress"):
             now = self.db.now()
-            changes = []
-            for key, value in jsonb({str(k): v for k, v in progress.items()}).items():
-                found = self.db.by_text.get(key)
-                row = self._held_row(found["run_id"], runner_id) if found is not None else None
-                if row is not None and row["progress"] != value:
-                    changes.append((row, value))
+            changes = self._progress_changes(runner_id, jsonb({str(k): v for k, v in progress.items()}))
             if self._wait_for("record_progress", [row for row, _ in changes], now):
                 changes = [(row, value) for row, value in changes
                            if self._held_row(row["run_id"], runner_id) is not None and row["progress"] != value]
