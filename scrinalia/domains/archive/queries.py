@@ -40,6 +40,17 @@ class Query:
 def parse(source: str) -> dict[str, Query]:
     """The blocks of ``source`` by name, in the file's order; a block without a fence, a name given
     twice or a block without SQL is a ``ValueError``."""
+    queries: dict[str, Query] = {}
+    for name, lines in _blocks(source):
+        if name in queries:
+            raise ValueError(f"query {name!r}: a name once")
+        queries[name] = _query(name, lines)
+    return queries
+
+
+def _blocks(source: str) -> list[tuple[str, list[str]]]:
+    """Each ``-- name:`` line with the lines after it, up to the next one (what comes first is the
+    file's header)."""
     blocks: list[tuple[str, list[str]]] = []
     for line in source.splitlines():
         named = _NAME.match(line)
@@ -47,14 +58,15 @@ def parse(source: str) -> dict[str, Query]:
             blocks.append((named.group(1), []))
         elif blocks:
             blocks[-1][1].append(line)
-    queries: dict[str, Query] = {}
-    for name, lines in blocks:
-        fences = [m.group(1) for m in map(_FENCE.match, lines) if m]
-        sql = "\n".join(line for line in lines if not line.startswith("--")).strip()
-        if name in queries or len(fences) != 1 or not sql:
-            raise ValueError(f"query {name!r}: a name once, one '-- fence:' line and one statement")
-        queries[name] = Query(name, fences[0], sql)
-    return queries
+    return blocks
+
+
+def _query(name: str, lines: list[str]) -> Query:
+    fences = [m.group(1) for m in map(_FENCE.match, lines) if m]
+    sql = "\n".join(line for line in lines if not line.startswith("--")).strip()
+    if len(fences) != 1 or not sql:
+        raise ValueError(f"query {name!r}: one '-- fence:' line and one statement")
+    return Query(name, fences[0], sql)
 
 
 QUERIES: dict[str, Query] = parse(QUERIES_FILE.read_text(encoding="utf-8"))
