@@ -15,8 +15,8 @@ NOT_CODE = ["*.__pycache__", "*.__pycache__.*", "__pycache__", "__pycache__.*"]
 # The scale model of the runner: the deterministic simulator and the in-memory ledger it (and the phase tests)
 # run against. A development install has them (`python -m runner.simulation`); a production host does not
 # need them, nor their dependency greenlet, so the wheel leaves them out (decision 0310).
-SCALE_MODEL_PACKAGES = ["runner.simulation", "runner.simulation.*"]
-SCALE_MODEL_MODULES = {("runner", "memory_ledger")}
+SCALE_MODEL_PACKAGES = ["runner.simulation", "runner.simulation.*", "runner.memory_ledger", "runner.memory_ledger.*"]
+SCALE_MODEL_MODULES: set[tuple[str, str]] = set()  # none left outside those packages
 
 
 class BuildWithoutScaleModel(build_py):

@@ -26,6 +26,8 @@ import time
 import uuid
 from pathlib import Path
 
+from scrinalia.domains.archive.ledger import FinishParams, StartParams
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import bindparam, text
@@ -96,7 +98,7 @@ def live_runs(engine, seconds: float, cost: ServerCost, n_children: int = 4) -> 
         ledger.enqueue(engine, w, {})
         run = ledger.claim_next(engine, runner, [w], 60)
         assert run is not None
-        ledger.record_start(engine, run.run_id, runner, engine_name=None, preset=None, config={}, options={})
+        ledger.record_start(engine, run.run_id, runner, StartParams(None, None, {}, {}))
         runs.append(run)
     t0 = time.monotonic()
     next_beat = t0
@@ -114,7 +116,7 @@ def live_runs(engine, seconds: float, cost: ServerCost, n_children: int = 4) -> 
             next_beat += HEARTBEAT_SECONDS
         time.sleep(max(0.0, t0 + tick * PROGRESS_INTERVAL - time.monotonic()))
     for r in runs:
-        ledger.finish(engine, r.run_id, runner, "SUCCESS", progress={"done": tick * 8, "total": 100_000})
+        ledger.finish(engine, r.run_id, runner, FinishParams("SUCCESS", progress={"done": tick * 8, "total": 100_000}))
     end = lsn(engine)
     spent = cost.stop()
     registry.stop(engine, runner)

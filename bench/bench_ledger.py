@@ -22,6 +22,8 @@ import time
 import uuid
 from pathlib import Path
 
+from scrinalia.domains.archive.ledger import FinishParams
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import text
@@ -76,7 +78,7 @@ def cycles(engine, runner_id: uuid.UUID, samples: int, cost: ServerCost, after_c
         run = ledger.claim_next(engine, runner_id, WORKERS, 60)
         claims.append((time.perf_counter() - t0) * 1000)
         assert run is not None and run.run_id == queued.run_id
-        ledger.finish(engine, run.run_id, runner_id, "SUCCESS")
+        ledger.finish(engine, run.run_id, runner_id, FinishParams("SUCCESS"))
     spent = cost.stop()
     out = {
         "claim_p10_ms": round(percentile(claims, 0.1), 3),

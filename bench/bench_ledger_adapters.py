@@ -21,6 +21,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from scrinalia.domains.archive.ledger import FinishParams, StartParams
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -50,8 +52,8 @@ def _cycles(port: LedgerPort, runner_id: uuid.UUID, n: int, tick: Callable[[], N
         port.enqueue(WORKERS[i % len(WORKERS)], {})
         run = port.claim_next(runner_id, WORKERS, 30)
         assert run is not None
-        port.record_start(run.run_id, runner_id, engine_name=None, preset=None, config={"db_batch_size": 8},
-                          options={})
+        port.record_start(run.run_id, runner_id, StartParams(engine_name=None, preset=None, config={"db_batch_size": 8},
+                          options={}))
         for beat in range(3):
             tick()
             port.heartbeat(runner_id, 30, progress={run.run_id: {"done": beat, "total": 3}})
@@ -60,7 +62,7 @@ def _cycles(port: LedgerPort, runner_id: uuid.UUID, n: int, tick: Callable[[], N
         assert batch.register_fence()
         batch.commit()
         port.expire_leases()
-        assert port.finish(run.run_id, runner_id, "SUCCESS") is not None
+        assert port.finish(run.run_id, runner_id, FinishParams("SUCCESS")) is not None
     return time.perf_counter() - started
 
 

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from scrinalia.domains.archive.ledger import FinishParams
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import text
@@ -103,7 +105,7 @@ def time_finishes(engine, n: int) -> dict[str, dict[str, float]]:
             with engine.connect() as conn:
                 before = conn.execute(lsn).scalar_one()
             t = time.perf_counter()
-            ledger.finish(engine, run.run_id, runner, "SUCCESS")
+            ledger.finish(engine, run.run_id, runner, FinishParams("SUCCESS"))
             elapsed = (time.perf_counter() - t) * 1000
             with engine.connect() as conn:
                 wal = conn.execute(diff, {"a": before, "b": conn.execute(lsn).scalar_one()}).scalar_one()

@@ -35,8 +35,7 @@ from runner.outcome import format_error
 from runner.ports import Clock, Host
 from runner.tending import Children, Sampler
 from runner.timings import SPAWN_WAIT_MIN, Timings
-from scrinalia.db.engine import ServerFacts
-from scrinalia.domains.archive.ledger import WorkerRun
+from scrinalia.domains.archive.ledger import StartParams, WorkerRun
 from scrinalia.domains.archive.workers.sdk import DatabaseLayer, PersistedSettings, ResolvedConfig
 from scrinalia.journal import run_fields
 
@@ -79,7 +78,6 @@ class Starts:
         self.runner_id = config.runner_id
         self.setup = config.setup
         self.devices = config.devices
-        self.engine = config.setup.engine  # what ``spec.resolve`` and ``ServerFacts`` read (None: the simulator)
         self.db = db
         self.launcher = launcher
         self.finisher = finisher
@@ -123,7 +121,7 @@ class Starts:
         same fields: idempotent) is the fenced check, since the lease may have passed meanwhile."""
         try:
             held = self.db.call("record_start", self.db.ledger.record_start, wait.run.run_id, self.runner_id,
-                                **_record_start_fields(wait.resolved))
+                                _record_start_fields(wait.resolved))
         except DatabaseDown:
             self.waiting[wait.run.run_id] = wait
             return
@@ -164,7 +162,7 @@ class Starts:
             if resolved is None:
                 resolved = self._resolve(run)
             held = self.db.call("record_start", self.db.ledger.record_start, run.run_id, self.runner_id,
-                                **_record_start_fields(resolved))
+                                _record_start_fields(resolved))
         except DatabaseDown:
             self.unstarted[run.run_id] = (run, claimed_at)
             return None
@@ -185,13 +183,15 @@ class Starts:
         spec = self.setup.catalogue.get(run.worker_name)
         if spec is None:
             raise ConfigurationError(f"UnknownWorker: no worker named {run.worker_name!r} in this runner's catalogue")
-        layer = None
-        if spec.resolver is None and spec.engine_source != "llm_check_rule":
-            # The settings on the warm connection, so the resolver reads nothing more (decision 0074).
-            row = self.db.call("settings", self.db.ledger.worker_settings, run.worker_name)
-            layer = DatabaseLayer(settings={run.worker_name: PersistedSettings.from_row(row)})
+        # What the resolver reads of the database, read here through the port on the warm connection
+        # (decisions 0074, 0351): the worker's persisted settings and, for a worker whose engine is the
+        # LLM_CHECK rule's, that rule. The resolver, default or custom, is given no engine.
+        row = self.db.call("settings", self.db.ledger.worker_settings, run.worker_name)
+        rule = (self.db.call("llm_check_rule", self.db.ledger.llm_check_rule)
+                if spec.engine_source == "llm_check_rule" else None)
+        layer = DatabaseLayer(settings={run.worker_name: PersistedSettings.from_row(row)}, llm_check_rule=rule)
         try:
-            resolved: ResolvedConfig = spec.resolve(self.engine, run.request or {}, layer=layer)
+            resolved: ResolvedConfig = spec.resolve(None, run.request or {}, layer=layer)
         except SQLAlchemyError as exc:
             self.db.failed("resolve", exc)
             raise DatabaseDown("resolve") from None
@@ -244,7 +244,7 @@ class Starts:
         return child
 
     def _assignment(self, run: WorkerRun, resolved: ResolvedConfig, device: Any) -> dict[str, Any]:
-        facts = ServerFacts.of(self.engine) if self.engine is not None else None
+        facts = self.db.ledger.server_facts()
         return {
             "run": run,
             "config": resolved,  # already written by record_start: the child runs exactly this
@@ -373,11 +373,10 @@ class Poll:
                  "children": on.get(d.key, [])} for d in devices.devices]
 
 
-def _record_start_fields(resolved: ResolvedConfig) -> dict[str, Any]:
+def _record_start_fields(resolved: ResolvedConfig) -> StartParams:
     """What ``record_start`` writes of a resolution: the engine's config with the run's batch size,
     engine options and the source of each field."""
     config = dict(resolved.config)
     for key in ("db_batch_size", "engine_options", "sources"):
         config.setdefault(key, getattr(resolved, key))
-    return {"engine_name": resolved.engine_name, "preset": resolved.preset, "config": config,
-            "options": resolved.options}
+    return StartParams(resolved.engine_name, resolved.preset, config, resolved.options)

@@ -28,7 +28,7 @@ from runner.outcome import STALLED, Outcome, decide, fit_error
 from runner.ports import Clock, Processes
 from runner.run_state import Action
 from scrinalia.db.tables import ExitReason
-from scrinalia.domains.archive.ledger import WorkerRun
+from scrinalia.domains.archive.ledger import FinishParams, WorkerRun
 from scrinalia.journal import run_fields
 
 if TYPE_CHECKING:
@@ -176,10 +176,10 @@ class Finisher:
         """``ledger.finish``, fenced; the database down: pending, retried on a later tick."""
         try:
             row = self.db.call(
-                "finish", self.db.ledger.finish, run.run_id, self.runner_id, outcome.status,
-                error=outcome.error, exit_code=outcome.exit_code, exit_signal=outcome.exit_signal,
-                exit_reason=str(outcome.exit_reason) if outcome.exit_reason is not None else None,
-                progress=outcome.progress, metrics=outcome.metrics or None, result=outcome.result,
+                "finish", self.db.ledger.finish, run.run_id, self.runner_id, FinishParams(
+                    outcome.status, error=outcome.error, exit_code=outcome.exit_code, exit_signal=outcome.exit_signal,
+                    exit_reason=str(outcome.exit_reason) if outcome.exit_reason is not None else None,
+                    progress=outcome.progress, metrics=outcome.metrics or None, result=outcome.result),
             )
         except DatabaseDown:
             self.pending.append((run, outcome))

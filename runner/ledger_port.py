@@ -26,7 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from scrinalia.domains.archive.ledger import HeartbeatResult, WorkerRun
+from scrinalia.db.engine import ServerFacts
+from scrinalia.domains.archive.ledger import FinishParams, HeartbeatResult, StartParams, WorkerRun
 from scrinalia.domains.archive.registry import RunnerRegistration
 
 
@@ -50,8 +51,11 @@ class BatchTransaction(Protocol):
 class LedgerPort(Protocol):
     """The protocol statements (docs/protocol.md), each one statement on the database clock, fenced.
 
-    Signatures mirror ``scrinalia.domains.archive.ledger`` / ``registry`` / ``worker_settings`` without
-    their first argument (the engine is the adapter's)."""
+    Each method is the named query of ``scrinalia/domains/archive/queries.sql`` of the same name (the batch's
+    ``register_fence``: ``register_batch_fence``; ``server_facts`` sends nothing: it is what the session's
+    first connection learned). Signatures mirror ``scrinalia.domains.archive.ledger`` / ``registry`` /
+    ``worker_settings`` without their first argument (the engine is the adapter's); a step with many
+    fields takes the ledger's parameter object (``FinishParams``, ``StartParams``)."""
 
     def bounded(self, deadline: float | None) -> AbstractContextManager[None]:
         """Every statement sent inside ends by ``deadline`` (CLOCK_MONOTONIC; None: the statement bound
@@ -94,16 +98,7 @@ class LedgerPort(Protocol):
         """The one-shot CLI's claim: a row inserted already RUNNING (the slot index applies)."""
         ...
 
-    def record_start(
-        self,
-        run_id: uuid.UUID,
-        runner_id: uuid.UUID,
-        *,
-        engine_name: str | None,
-        preset: str | None,
-        config: Mapping[str, Any] | None,
-        options: Mapping[str, Any] | None,
-    ) -> bool:
+    def record_start(self, run_id: uuid.UUID, runner_id: uuid.UUID, params: StartParams) -> bool:
         """What actually runs; False when the row is not this runner's RUNNING row any more."""
         ...
 
@@ -123,20 +118,7 @@ class LedgerPort(Protocol):
         """The changed progress of this runner's RUNNING rows; the rows changed."""
         ...
 
-    def finish(
-        self,
-        run_id: uuid.UUID,
-        runner_id: uuid.UUID,
-        status: str,
-        *,
-        error: str | None = None,
-        exit_code: int | None = None,
-        exit_signal: int | None = None,
-        exit_reason: str | None = None,
-        progress: Mapping[str, Any] | None = None,
-        metrics: Mapping[str, Any] | None = None,
-        result: Mapping[str, Any] | None = None,
-    ) -> WorkerRun | None:
+    def finish(self, run_id: uuid.UUID, runner_id: uuid.UUID, params: FinishParams) -> WorkerRun | None:
         """The terminal row; None when this runner does not hold it RUNNING any more."""
         ...
 
@@ -157,6 +139,17 @@ class LedgerPort(Protocol):
     def worker_settings(self, worker_name: str) -> dict[str, Any] | None:
         """The persisted settings row the resolver's ``DatabaseLayer`` is built from at claim
         (``worker_settings.get_settings``), or None."""
+        ...
+
+    def llm_check_rule(self) -> dict[str, Any] | None:
+        """The active LLM_CHECK cleaning rule an ``llm_check_rule`` worker takes its engine from, read at
+        claim (``sdk.active_llm_check_rule``: ``updated_at`` as ISO text), or None."""
+        ...
+
+    def server_facts(self) -> ServerFacts | None:
+        """What the database told this session's first connection (``ServerFacts``: the server's version,
+        the schema, the isolation level), handed to a child so its engine asks nothing (decision 0073);
+        None before the first statement."""
         ...
 
     # --- the registry -------------------------------------------------------------------------------

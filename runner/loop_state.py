@@ -126,12 +126,12 @@ class Services:
 
 @dataclass(slots=True)
 class ChildSetup:
-    """What every child's assignment carries, and the catalogue (and engine) the supervisor resolves with."""
+    """What every child's assignment carries, the catalogue the supervisor resolves with, and its engine."""
 
     database_url: str
     connect_args: dict[str, Any]
     catalogue: Mapping[str, Any] | None = None  # None: loaded when first needed
-    engine: Engine | None = None  # what ``spec.resolve`` reads (None: the simulator's catalogue)
+    engine: Engine | None = None  # the PostgreSQL ledger's engine (None: a supervisor given its ledger)
 
 
 @dataclass(slots=True)

@@ -90,8 +90,9 @@ def _run_in(sup: Supervisor, what: dict[str, Any], resolved: ResolvedConfig,
     port = sup.db.ledger
     sup.open()
     try:
-        run = port.create_running(
-            what["worker_name"], what["request"], runner_id=sup.runner_id,
+        # Through the ledger link (decision 0351): counted, bounded by the fence point; a failure propagates.
+        run = sup.db.send(
+            "create_running", port.create_running, what["worker_name"], what["request"], runner_id=sup.runner_id,
             lease_seconds=what["lease_seconds"], requested_by=what["requested_by"],
         )
         if on_start is not None:
@@ -100,7 +101,7 @@ def _run_in(sup: Supervisor, what: dict[str, Any], resolved: ResolvedConfig,
         sup.serve()
         final = sup.finished.get(run.run_id)
         if final is None:
-            final = port.get_run(run.run_id)
+            final = sup.db.send("get_run", port.get_run, run.run_id)
         assert final is not None
         return final
     finally:

@@ -1,7 +1,8 @@
 """The production adapter of the ledger port: PostgreSQL, through today's functions and their SQL unchanged.
 
-Each method is one call of ``scrinalia.domains.archive.ledger`` / ``registry`` / ``worker_settings`` on
-this adapter's engine: the statements keep their one home next to those functions (docs/protocol.md).
+Each method is one call of ``scrinalia.domains.archive.ledger`` / ``registry`` / ``worker_settings`` / the
+SDK's ``active_llm_check_rule`` on this adapter's engine, which sends the named query of the same name from
+the statements' one home, ``scrinalia/domains/archive/queries.sql`` (docs/protocol.md).
 """
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from typing import Any
 from sqlalchemy import Connection, Engine, RootTransaction
 
 from runner import bounded as client_bounds
+from scrinalia.db.engine import ServerFacts
 from scrinalia.domains.archive import ledger, registry, worker_settings
-from scrinalia.domains.archive.ledger import HeartbeatResult, WorkerRun
+from scrinalia.domains.archive.ledger import FinishParams, HeartbeatResult, StartParams, WorkerRun
 from scrinalia.domains.archive.registry import RunnerRegistration
+from scrinalia.domains.archive.workers import sdk
 
 
 class PostgresBatch:
@@ -71,18 +74,8 @@ class PostgresLedger:
         return ledger.create_running(self.engine, worker_name, request, runner_id=runner_id,
                                      lease_seconds=lease_seconds, requested_by=requested_by)
 
-    def record_start(
-        self,
-        run_id: uuid.UUID,
-        runner_id: uuid.UUID,
-        *,
-        engine_name: str | None,
-        preset: str | None,
-        config: Mapping[str, Any] | None,
-        options: Mapping[str, Any] | None,
-    ) -> bool:
-        return ledger.record_start(self.engine, run_id, runner_id, engine_name=engine_name, preset=preset,
-                                   config=config, options=options)
+    def record_start(self, run_id: uuid.UUID, runner_id: uuid.UUID, params: StartParams) -> bool:
+        return ledger.record_start(self.engine, run_id, runner_id, params)
 
     def heartbeat(
         self,
@@ -97,8 +90,8 @@ class PostgresLedger:
     def record_progress(self, runner_id: uuid.UUID, progress: Mapping[Any, Mapping[str, Any]]) -> int:
         return ledger.record_progress(self.engine, runner_id, progress)
 
-    def finish(self, run_id: uuid.UUID, runner_id: uuid.UUID, status: str, **fields: Any) -> WorkerRun | None:
-        return ledger.finish(self.engine, run_id, runner_id, status, **fields)
+    def finish(self, run_id: uuid.UUID, runner_id: uuid.UUID, params: FinishParams) -> WorkerRun | None:
+        return ledger.finish(self.engine, run_id, runner_id, params)
 
     def expire_leases(self) -> list[WorkerRun]:
         return ledger.expire_leases(self.engine)
@@ -116,6 +109,12 @@ class PostgresLedger:
 
     def worker_settings(self, worker_name: str) -> dict[str, Any] | None:
         return worker_settings.get_settings(self.engine, worker_name)
+
+    def llm_check_rule(self) -> dict[str, Any] | None:
+        return sdk.active_llm_check_rule(self.engine)
+
+    def server_facts(self) -> ServerFacts | None:
+        return ServerFacts.of(self.engine)
 
     # --- the registry -------------------------------------------------------------------------------
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
+from scrinalia.domains.archive.ledger import FinishParams
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -75,7 +77,7 @@ def _day_of_history(engine: Engine) -> None:
         run = ledger.claim_next(engine, runner_id, ["panel-model"], 60)
         assert run is not None
         outcome = rng.choices(["SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED"], [85, 8, 4, 3])[0]
-        ledger.finish(engine, run.run_id, runner_id, outcome)
+        ledger.finish(engine, run.run_id, runner_id, FinishParams(outcome))
         age = 24 * 3600 * (i + rng.random()) / 60
         seconds = rng.uniform(40, 400)
         with engine.begin() as conn:

@@ -29,6 +29,7 @@ from runner.memory_ledger import (
     unreachable_error,
 )
 from runner.simulation.world import World
+from scrinalia.domains.archive.ledger import FinishParams, StartParams
 
 if TYPE_CHECKING:
     from runner.simulation.processes import Host
@@ -188,18 +189,18 @@ class WriteCheck:
         if runner_id != self.runner_id:
             self.report("write_only_held_rows", f"{what} sent with another runner's id {runner_id}")
 
-    def record_start(self, run_id: Any, runner_id: Any, **fields: Any) -> bool:
+    def record_start(self, run_id: Any, runner_id: Any, params: StartParams) -> bool:
         self._own(runner_id, "record_start")
         held = self._held(run_id)
-        result = self.inner.record_start(run_id, runner_id, **fields)
+        result = self.inner.record_start(run_id, runner_id, params)
         if result and not held:
             self.report("write_only_held_rows", f"record_start wrote run {run_id} not held by {runner_id}")
         return result
 
-    def finish(self, run_id: Any, runner_id: Any, status: str, **fields: Any) -> Any:
+    def finish(self, run_id: Any, runner_id: Any, params: FinishParams) -> Any:
         self._own(runner_id, "finish")
         held = self._held(run_id)
-        result = self.inner.finish(run_id, runner_id, status, **fields)
+        result = self.inner.finish(run_id, runner_id, params)
         if result is not None and not held:
             self.report("write_only_held_rows", f"finish wrote run {run_id} not held by {runner_id}")
         return result

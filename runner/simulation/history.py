@@ -58,7 +58,11 @@ class SimSpec:
                               engine_options={}, config={"worker": self.name}, sources={})
 
 
-CATALOGUE = {name: SimSpec(name, resolver=None if i % 2 else "own") for i, name in enumerate(WORKERS)}
+# Half the workers have a resolver of their own; every fourth takes its engine from the LLM_CHECK rule, so
+# the claim reads that rule through the port too (decision 0351).
+CATALOGUE = {name: SimSpec(name, resolver=None if i % 2 else "own",
+                           engine_source="llm_check_rule" if i % 4 == 0 else "simulated")
+             for i, name in enumerate(WORKERS)}
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import text
 
 from scrinalia.domains.archive import charts, ledger
+from scrinalia.domains.archive.ledger import FinishParams
 from scrinalia.scheduler.service import Scheduler
 from tests.ledger.helpers import register_runner
 
@@ -65,7 +66,7 @@ def test_progress_and_heartbeat_leave_samples_and_the_series_has_rate_and_memory
     # spacing had thinned out, and a finish that sends no progress of its own.
     ledger.record_progress(engine, runner, {run.run_id: {"done": 100, "total": 100, "unit": "document"}})
     assert _samples(engine, run.run_id)[-1].done == 30
-    ledger.finish(engine, run.run_id, runner, "SUCCESS")
+    ledger.finish(engine, run.run_id, runner, FinishParams("SUCCESS"))
     assert _samples(engine, run.run_id)[-1].done == 100
     body = client.get(f"{C}/runs/{run.run_id}", headers=viewer_headers).json()
     assert body["status"] == "SUCCESS" and body["points"][-1]["done"] == 100
@@ -117,7 +118,7 @@ def test_runs_per_hour_sum_to_the_ledgers_runs_in_the_window(engine, client, vie
         ledger.enqueue(engine, "alpha", {})
         run = ledger.claim_next(engine, runner, ["alpha"], 60)
         assert run is not None
-        ledger.finish(engine, run.run_id, runner, status)
+        ledger.finish(engine, run.run_id, runner, FinishParams(status))
         at = hour0 - 4 * 3600 + int(age[3:]) * 60 if isinstance(age, str) else now_s - age * 3600
         with engine.begin() as conn:
             conn.execute(text("UPDATE archive_worker_runs SET finished_at = to_timestamp(:at), "
@@ -149,7 +150,7 @@ def test_a_runners_busy_slots(engine, client, viewer_headers):
         ledger.enqueue(engine, worker, {})
         run = ledger.claim_next(engine, runner, [worker], 60)
         assert run is not None
-        ledger.finish(engine, run.run_id, runner, "SUCCESS")
+        ledger.finish(engine, run.run_id, runner, FinishParams("SUCCESS"))
         with engine.begin() as conn:
             conn.execute(text("UPDATE archive_worker_runs SET started_at = now() - make_interval(secs => :s), "
                               "finished_at = now() - make_interval(secs => :f) WHERE run_id = :r"),
@@ -197,7 +198,7 @@ def test_a_runners_busy_slots_per_bucket_at_the_edges(engine, client, viewer_hea
         run = ledger.claim_next(engine, runner, [worker], 60)
         assert run is not None
         if finish_age is not None:
-            ledger.finish(engine, run.run_id, runner, "SUCCESS")
+            ledger.finish(engine, run.run_id, runner, FinishParams("SUCCESS"))
         with engine.begin() as conn:
             conn.execute(text("UPDATE archive_worker_runs SET started_at = now() - make_interval(secs => :s), "
                               "finished_at = CASE WHEN finished_at IS NOT NULL "
@@ -209,7 +210,7 @@ def test_a_runners_busy_slots_per_bucket_at_the_edges(engine, client, viewer_hea
     ledger.enqueue(engine, "several", {})
     aligned = ledger.claim_next(engine, runner, ["several"], 60)
     assert aligned is not None
-    ledger.finish(engine, aligned.run_id, runner, "FAILED")
+    ledger.finish(engine, aligned.run_id, runner, FinishParams("FAILED"))
     with engine.begin() as conn:
         conn.execute(text("UPDATE archive_worker_runs SET started_at = :e - interval '50 minutes', finished_at = :e "
                           "WHERE run_id = :r"), {"e": edge, "r": aligned.run_id})

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.ledger import FinishParams
 from scrinalia.scheduler.schedules import create_schedule
 from tests.api.live import live_api
 from tests.api.workers_fixture import WORKERS
@@ -38,8 +39,8 @@ def _ledger_with_history(engine) -> dict[str, object]:
         ledger.enqueue(engine, "alpha", {})
         run = ledger.claim_next(engine, runner, ["alpha"], 60)
         assert run is not None
-        ledger.finish(engine, run.run_id, runner, status, error=error,
-                      exit_reason="exception" if error else None)
+        ledger.finish(engine, run.run_id, runner, FinishParams(status, error=error,
+                      exit_reason="exception" if error else None))
     ledger.enqueue(engine, "gamma", {})
     ledger.request_cancel(engine, ledger.active_run(engine, "gamma").run_id)  # QUEUED -> CANCELLED, never started
     ledger.enqueue(engine, "alpha", {})
@@ -181,7 +182,8 @@ def test_the_totals_start_from_the_history_and_follow_every_end(empty_database_u
         runner = register_runner(engine, ["old"], lease=60)
         ledger.enqueue(engine, "old", {})
         run = ledger.claim_next(engine, runner, ["old"], 60)
-        ledger.finish(engine, run.run_id, runner, "FAILED", error="RuntimeError: x", exit_reason="exception")
+        ledger.finish(engine, run.run_id, runner, FinishParams("FAILED", error="RuntimeError: x",
+                                                                       exit_reason="exception"))
         ledger.enqueue(engine, "old", {})
         ledger.request_cancel(engine, ledger.active_run(engine, "old").run_id)
         ledger.enqueue(engine, "old", {})

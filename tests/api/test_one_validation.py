@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from scrinalia.api.app import create_app
+from scrinalia.domains.archive.ledger import FinishParams
 from scrinalia.domains.archive.workers.plugins import load_catalogue
 from scrinalia.scheduler.service import Scheduler
 from tests.api.conftest import HASHER, add_user, api_settings, bearer
@@ -181,7 +182,7 @@ def test_each_entry_point_checks_and_resolves_its_request_once(api, engine, vali
     run_id = uuid.UUID(r.json()["run_id"])
     runner_id = register_runner(engine, ["typology"])
     assert ledger.claim_next(engine, runner_id, ["typology"], 60).run_id == run_id
-    ledger.finish(engine, run_id, runner_id, "FAILED", error="boom", exit_reason="exception")
+    ledger.finish(engine, run_id, runner_id, FinishParams("FAILED", error="boom", exit_reason="exception"))
     r = client.post(f"/api/v1/system/runs/{run_id}/retry", headers=headers)
     assert r.status_code == 201, r.text
     _once(validations, request_)

@@ -6,6 +6,7 @@ import uuid
 from sqlalchemy import text
 
 from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.ledger import FinishParams
 from tests.ledger.helpers import register_runner
 
 W = "/api/v1/system/workers"
@@ -87,7 +88,7 @@ def test_cancel_a_running_run_is_202_and_a_request(client, admin_headers, engine
     assert body["run"]["cancel_requested_at"] is not None
     # asking again is still 202 (the request stands), and a finished run is 409 with the run
     assert client.post(f"{R}/{run['run_id']}/cancel", headers=admin_headers).status_code == 202
-    ledger.finish(engine, claimed.run_id, runner_id, "CANCELLED", exit_reason="cancelled")
+    ledger.finish(engine, claimed.run_id, runner_id, FinishParams("CANCELLED", exit_reason="cancelled"))
     r = client.post(f"{R}/{run['run_id']}/cancel", headers=admin_headers)
     assert r.status_code == 409 and r.json()["error"] == "run_finished"
     assert r.json()["run"]["status"] == "CANCELLED"
@@ -102,8 +103,8 @@ def _finished_run(engine, worker, status="FAILED", error=None, trigger="API", re
     run = ledger.enqueue(engine, worker, {}, trigger=trigger, retry_of=retry_of, attempt=attempt)
     runner_id = register_runner(engine, [worker])
     ledger.claim_next(engine, runner_id, [worker], 60)
-    return ledger.finish(engine, run.run_id, runner_id, status, error=error,
-                         exit_reason="exception" if error else None)
+    return ledger.finish(engine, run.run_id, runner_id, FinishParams(status, error=error,
+                         exit_reason="exception" if error else None))
 
 
 def test_the_runs_list_filters_and_pages_by_keyset(client, admin_headers, engine):

@@ -7,6 +7,7 @@ import uuid
 from sqlalchemy import text
 
 from scrinalia.domains.archive import ledger, registry
+from scrinalia.domains.archive.ledger import FinishParams
 from tests.ledger.helpers import register_runner
 
 W = "/api/v1/system/workers"
@@ -53,7 +54,7 @@ def test_active_run_with_progress_last_run_and_capable_runners(client, admin_hea
     done = ledger.enqueue(engine, "alpha", {})
     rid = register_runner(engine, ["alpha", "beta"], name="gpu-1")
     ledger.claim_next(engine, rid, ["alpha"], 60)
-    ledger.finish(engine, done.run_id, rid, "SUCCESS")
+    ledger.finish(engine, done.run_id, rid, FinishParams("SUCCESS"))
     run = client.post(f"{W}/alpha/runs", headers=admin_headers, json={}).json()
     ledger.claim_next(engine, rid, ["alpha"], 60)
     ledger.heartbeat(engine, rid, 60, progress={run["run_id"]: {"done": 3, "total": 10, "unit": "document"}})
@@ -79,7 +80,7 @@ def test_why_a_queued_run_is_not_running(client, admin_headers, engine):
     assert claimed.worker_name == "beta"
     assert _worker(client, admin_headers, "alpha")["queued_reason"]["code"] == "runners_busy"
 
-    ledger.finish(engine, claimed.run_id, rid, "SUCCESS")
+    ledger.finish(engine, claimed.run_id, rid, FinishParams("SUCCESS"))
     assert _worker(client, admin_headers, "alpha")["queued_reason"]["code"] == "waiting_for_claim"
 
     with engine.begin() as conn:

@@ -26,6 +26,7 @@ from scrinalia.db import migrate
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.db.roles import ensure_runner_role, unmanaged_tables
 from scrinalia.domains.archive import ledger, registry
+from scrinalia.domains.archive.ledger import FinishParams, StartParams
 from scrinalia.domains.archive.workers.plugins import load_catalogue
 from tests.ledger.helpers import register_runner
 from tests.runner.conftest import runner_env, start_runner, wait_status  # noqa: F401 - fixtures
@@ -110,15 +111,16 @@ def test_the_protocol_steps_as_the_runner_role(engine, runner_url):
         me = register_runner(as_runner, ["embedding", "ner"])
         ledger.enqueue(engine, "embedding", {})
         run = ledger.claim_next(as_runner, me, ["embedding"], 60)
-        assert ledger.record_start(as_runner, run.run_id, me, engine_name="transformers", preset="cpu",
-                                   config={"device": "cpu"}, options={})
+        assert ledger.record_start(as_runner, run.run_id, me, StartParams(engine_name="transformers", preset="cpu",
+                                   config={"device": "cpu"}, options={}))
         beat = ledger.heartbeat(as_runner, me, 60, progress={run.run_id: {"done": 1}}, children=[{"pid": 1}])
         assert beat.registry_renewed and beat.held.keys() == {run.run_id}
-        assert ledger.finish(as_runner, run.run_id, me, "SUCCESS", result={"units": 1}, metrics={"m": 1}) is not None
+        assert ledger.finish(as_runner, run.run_id, me, FinishParams("SUCCESS", result={"units": 1},
+                                                                        metrics={"m": 1})) is not None
         # the one-shot CLI's own RUNNING row, its Ctrl-C, and the lease expiry of a lost run
         cli = ledger.create_running(as_runner, "ner", {}, runner_id=me, lease_seconds=60, requested_by="cli")
         assert ledger.request_cancel(as_runner, cli.run_id, "cli").cancel_requested_at is not None
-        assert ledger.finish(as_runner, cli.run_id, me, "CANCELLED", exit_reason="cancelled") is not None
+        assert ledger.finish(as_runner, cli.run_id, me, FinishParams("CANCELLED", exit_reason="cancelled")) is not None
         ledger.enqueue(engine, "embedding", {})
         lost = ledger.claim_next(as_runner, me, ["embedding"], 0.001)
         assert [r.run_id for r in ledger.expire_leases(as_runner)] == [lost.run_id]

@@ -7,6 +7,7 @@ few helpers differ by adapter; every assertion is shared.
 """
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -50,6 +51,11 @@ class World(Protocol):
 
     def put_settings(self, worker_name: str, values: dict[str, Any]) -> None: ...
 
+    def put_llm_check_rule(self, name: str, engine_name: str, engine_options: dict[str, Any], *,
+                           prompt: str) -> None:
+        """The API makes ``name`` the active LLM_CHECK cleaning rule."""
+        ...
+
     def runner(self, runner_id: uuid.UUID) -> RunnerRow | None: ...
 
     def session(self, *, lock_timeout_s: float, idle_in_transaction_s: float | None = None) -> LedgerPort:
@@ -78,7 +84,9 @@ class PostgresWorld:
         ms = int(LOCK_TIMEOUT_S * 1000)
         self.engine: Engine = create_engine_from_url(
             database_url, pool_size=2, max_overflow=4, connect_args={"options": f"-c lock_timeout={ms}"})
-        self.others: Engine = create_engine_from_url(database_url, pool_size=2, max_overflow=4)
+        # Another session's: bounded too, so a defect that leaves a row locked fails a test instead of hanging it.
+        self.others: Engine = create_engine_from_url(database_url, pool_size=2, max_overflow=4,
+                                                     connect_args={"options": "-c lock_timeout=5000"})
         self.ledger: LedgerPort = PostgresLedger(self.engine)
         self.url = database_url
         self._engines: list[Engine] = []
@@ -114,6 +122,14 @@ class PostgresWorld:
 
     def put_settings(self, worker_name: str, values: dict[str, Any]) -> None:
         worker_settings.put_settings(self.others, worker_name, values, changed_by="conformance")
+
+    def put_llm_check_rule(self, name: str, engine_name: str, engine_options: dict[str, Any], *,
+                           prompt: str) -> None:
+        with self.others.begin() as conn:
+            conn.execute(text("UPDATE archive_cleaning_rules SET active = false WHERE kind = 'LLM_CHECK'"))
+            conn.execute(text("INSERT INTO archive_cleaning_rules (name, kind, field, engine_name, engine_options, "
+                              "prompt) VALUES (:n, 'LLM_CHECK', 'title', :e, CAST(:o AS jsonb), :p)"),
+                         {"n": name, "e": engine_name, "o": json.dumps(engine_options), "p": prompt})
 
     def runner(self, runner_id: uuid.UUID) -> RunnerRow | None:
         return registry.get_runner(self.others, runner_id)
@@ -173,6 +189,10 @@ class MemoryWorld:
 
     def put_settings(self, worker_name: str, values: dict[str, Any]) -> None:
         self.database.put_settings(worker_name, values, changed_by="conformance")
+
+    def put_llm_check_rule(self, name: str, engine_name: str, engine_options: dict[str, Any], *,
+                           prompt: str) -> None:
+        self.database.put_llm_check_rule(name, engine_name, engine_options, prompt=prompt)
 
     def runner(self, runner_id: uuid.UUID) -> RunnerRow | None:
         return self.database.runner(runner_id)

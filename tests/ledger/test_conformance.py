@@ -26,7 +26,7 @@ from scrinalia.domains.archive.errors import (
     RunNotFound,
     WorkerRunAlreadyActive,
 )
-from scrinalia.domains.archive.ledger import WorkerRun
+from scrinalia.domains.archive.ledger import FinishParams, StartParams, WorkerRun
 from scrinalia.domains.archive.workers.sdk import LeaseLost, retry_database
 from tests.ledger.conformance import LOCK_TIMEOUT_S, MemoryWorld, PostgresWorld, World, registration
 
@@ -101,7 +101,7 @@ def test_the_slot_holds_one_queued_or_running_row_per_worker(world: World) -> No
     with pytest.raises(WorkerRunAlreadyActive):
         world.ledger.create_running("w", {}, runner_id=runner_id, lease_seconds=60)
     world.ledger.enqueue("other", {})  # another worker's slot is its own
-    assert world.ledger.finish(claimed.run_id, runner_id, "SUCCESS") is not None
+    assert world.ledger.finish(claimed.run_id, runner_id, FinishParams("SUCCESS")) is not None
     again = world.ledger.enqueue("w", {})  # the terminal row left the slot
     assert again.id > first.id
 
@@ -194,13 +194,13 @@ def test_record_start_is_fenced(world: World) -> None:
     run, runner_id = _claimed(world)
     other = _runner(world, ["w"])
     fields: dict[str, Any] = {"engine_name": "e", "preset": "p", "config": {"db_batch_size": 3}, "options": {"o": True}}
-    assert world.ledger.record_start(run.run_id, other, **fields) is False
-    assert world.ledger.record_start(run.run_id, runner_id, **fields) is True
+    assert world.ledger.record_start(run.run_id, other, StartParams(**fields)) is False
+    assert world.ledger.record_start(run.run_id, runner_id, StartParams(**fields)) is True
     row = world.ledger.get_run(run.run_id)
     assert row is not None
     assert (row.engine_name, row.preset, row.config, row.options) == ("e", "p", {"db_batch_size": 3}, {"o": True})
-    world.ledger.finish(run.run_id, runner_id, "FAILED")
-    assert world.ledger.record_start(run.run_id, runner_id, **fields) is False
+    world.ledger.finish(run.run_id, runner_id, FinishParams("FAILED"))
+    assert world.ledger.record_start(run.run_id, runner_id, StartParams(**fields)) is False
 
 
 def test_heartbeat_renews_the_registry_and_every_held_row(world: World) -> None:
@@ -269,12 +269,12 @@ def test_finish_closes_the_held_row_once(world: World) -> None:
     run, runner_id = _claimed(world)
     other = _runner(world, ["w"])
     world.wait(0.05)
-    assert world.ledger.finish(run.run_id, other, "SUCCESS") is None
+    assert world.ledger.finish(run.run_id, other, FinishParams("SUCCESS")) is None
     error = ("ValueError: run 550e8400-e29b-41d4-a716-446655440000 read /srv/data/x.csv at 0123456789abcdef0123"
              " in 12 ms\nTraceback line")
-    done = world.ledger.finish(run.run_id, runner_id, "FAILED", error=error + "x" * 3000, exit_code=3,
+    done = world.ledger.finish(run.run_id, runner_id, FinishParams("FAILED", error=error + "x" * 3000, exit_code=3,
                                exit_reason="exception", metrics={"rows": 5}, result={"ok": 0},
-                               progress={"done": 7})
+                               progress={"done": 7}))
     assert done is not None
     assert (done.status, done.exit_code, done.exit_reason) == ("FAILED", 3, "exception")
     assert done.error is not None and len(done.error) == ledger.ERROR_MAX and done.error.startswith(error)
@@ -283,23 +283,23 @@ def test_finish_closes_the_held_row_once(world: World) -> None:
     assert done.finished_at is not None and done.started_at is not None
     assert abs(done.duration_ms - (done.finished_at - done.started_at).total_seconds() * 1000) <= 1
     assert done.duration_ms >= 40
-    assert world.ledger.finish(run.run_id, runner_id, "SUCCESS") is None  # once
+    assert world.ledger.finish(run.run_id, runner_id, FinishParams("SUCCESS")) is None  # once
     assert world.ledger.heartbeat(runner_id, 30).held == {}
     with pytest.raises(ValueError):
-        world.ledger.finish(run.run_id, runner_id, "RUNNING")
+        world.ledger.finish(run.run_id, runner_id, FinishParams("RUNNING"))
     with pytest.raises(ValueError):
-        world.ledger.finish(run.run_id, runner_id, "FAILED", exit_reason="bored")
+        world.ledger.finish(run.run_id, runner_id, FinishParams("FAILED", exit_reason="bored"))
 
 
 def test_finish_keeps_progress_metrics_and_result_it_is_not_given(world: World) -> None:
     run, runner_id = _claimed(world)
     world.ledger.record_progress(runner_id, {run.run_id: {"done": 3}})
-    done = world.ledger.finish(run.run_id, runner_id, "SUCCESS")
+    done = world.ledger.finish(run.run_id, runner_id, FinishParams("SUCCESS"))
     assert done is not None and done.progress == {"done": 3} and done.metrics is None and done.error is None
     assert done.error_fingerprint is None
     second, other = _claimed(world, "v")
-    failed = world.ledger.finish(second.run_id, other, "FAILED",
-                                 error="  OSError:\tno   such file '/var/x/y.bin' (errno 2)\nmore")
+    failed = world.ledger.finish(second.run_id, other, FinishParams("FAILED",
+                                 error="  OSError:\tno   such file '/var/x/y.bin' (errno 2)\nmore"))
     assert failed is not None and failed.error_fingerprint == "oserror: no such file '<path>' (errno <n>)"
 
 
@@ -321,9 +321,9 @@ def test_expiry_interrupts_only_rows_past_their_lease(world: World) -> None:
     assert world.ledger.expire_leases() == []
     # the holder lost it: every fenced statement touches nothing
     assert short.run_id not in world.ledger.heartbeat(runner_id, 60).held
-    assert world.ledger.finish(short.run_id, runner_id, "SUCCESS") is None
-    assert world.ledger.record_start(short.run_id, runner_id, engine_name=None, preset=None, config=None,
-                                     options=None) is False
+    assert world.ledger.finish(short.run_id, runner_id, FinishParams("SUCCESS")) is None
+    assert world.ledger.record_start(short.run_id, runner_id, StartParams(engine_name=None, preset=None, config=None,
+                                     options=None)) is False
     assert world.ledger.record_progress(runner_id, {short.run_id: {"done": 1}}) == 0
     world.ledger.enqueue("short", {})  # the slot is free again
 
@@ -348,7 +348,7 @@ def test_a_lapsed_lease_is_still_held_until_someone_expires_it(world: World) -> 
     assert world.ledger.expire_leases() == []
     second, other = _claimed(world, "v", lease=SHORT_LEASE)
     world.wait(SHORT_LEASE + 0.1)
-    done = world.ledger.finish(second.run_id, other, "SUCCESS")
+    done = world.ledger.finish(second.run_id, other, FinishParams("SUCCESS"))
     assert done is not None and done.status == "SUCCESS"
 
 
@@ -402,7 +402,7 @@ def test_cancel_flags_a_running_run_and_the_heartbeat_hands_it_over(world: World
     assert (again.cancel_requested_at, again.cancel_requested_by) == (flagged.cancel_requested_at, "alice")
     beat = world.ledger.heartbeat(runner_id, 60)
     assert beat.held == {run.run_id: flagged.cancel_requested_at}
-    done = world.ledger.finish(run.run_id, runner_id, "CANCELLED", exit_reason="cancelled")
+    done = world.ledger.finish(run.run_id, runner_id, FinishParams("CANCELLED", exit_reason="cancelled"))
     assert done is not None and done.status == "CANCELLED"
     with pytest.raises(RunAlreadyFinished):
         world.ledger.request_cancel(run.run_id)
@@ -452,6 +452,26 @@ def test_worker_settings_are_read_as_persisted(world: World) -> None:
     assert isinstance(row["updated_at"], str)
 
 
+def test_the_llm_check_rule_is_read_as_the_api_wrote_it(world: World) -> None:
+    assert world.ledger.llm_check_rule() is None
+    world.put_llm_check_rule("check", "echo", {"preset": "fast", "k": 1}, prompt="Is it right?")
+    world.put_llm_check_rule("check-2", "echo", {"k": 2}, prompt="And now?")  # one active at a time
+    rule = world.ledger.llm_check_rule()
+    assert rule is not None
+    assert {k: rule[k] for k in ("name", "engine_name", "engine_options", "prompt", "field")} == {
+        "name": "check-2", "engine_name": "echo", "engine_options": {"k": 2}, "prompt": "And now?",
+        "field": "title"}
+    assert isinstance(rule["id"], int) and isinstance(rule["updated_at"], str)
+
+
+def test_server_facts_are_what_the_first_connection_learned(world: World) -> None:
+    world.ledger.get_run(uuid.uuid4())  # a first statement: the session has connected
+    facts = world.ledger.server_facts()
+    assert facts is not None
+    assert facts.server_version_info >= (14,) and facts.default_schema_name == "public"
+    assert facts.default_isolation_level == "READ COMMITTED" and facts.backslash_escapes is False
+
+
 # --- the batch fence at COMMIT ----------------------------------------------------------------------------
 
 
@@ -498,7 +518,7 @@ def test_a_commit_after_the_run_was_lost_is_refused(world: World, end: str) -> N
     batch = world.ledger.begin_batch(run.run_id, runner_id)
     assert batch.register_fence() is True
     if end == "finished":
-        world.ledger.finish(run.run_id, runner_id, "INTERRUPTED", exit_reason="lease-lost")
+        world.ledger.finish(run.run_id, runner_id, FinishParams("INTERRUPTED", exit_reason="lease-lost"))
     else:
         world.wait(SHORT_LEASE + 0.1)
         world.ledger.expire_leases()
@@ -540,11 +560,11 @@ def test_a_statement_on_a_locked_row_fails_blocked_after_its_lock_timeout(world:
     run, runner_id = _claimed(world)
     calls = {
         "heartbeat": lambda: world.ledger.heartbeat(runner_id, 60),
-        "record_start": lambda: world.ledger.record_start(run.run_id, runner_id, engine_name=None, preset=None,
-                                                          config={"k": 1}, options=None),
+        "record_start": lambda: world.ledger.record_start(run.run_id, runner_id, StartParams(
+            engine_name=None, preset=None, config={"k": 1}, options=None)),
         "record_progress": lambda: world.ledger.record_progress(runner_id, {run.run_id: {"done": 1}}),
         "request_cancel": lambda: world.ledger.request_cancel(run.run_id),
-        "finish": lambda: world.ledger.finish(run.run_id, runner_id, "SUCCESS"),
+        "finish": lambda: world.ledger.finish(run.run_id, runner_id, FinishParams("SUCCESS")),
     }
     for statement, call in calls.items():
         with world.lock_row(run.run_id, mode):
@@ -578,10 +598,26 @@ def test_a_lock_on_someone_elses_row_does_not_block_my_heartbeat(world: World) -
     mine, runner_id = _claimed(world, "mine")
     with world.lock_row(theirs.run_id, "update"):
         assert world.ledger.heartbeat(runner_id, 60).held == {mine.run_id: None}
-        assert world.ledger.finish(mine.run_id, runner_id, "SUCCESS") is not None
+        assert world.ledger.finish(mine.run_id, runner_id, FinishParams("SUCCESS")) is not None
 
 
 # --- a batch's own transaction: its locks, its session's bounds ----------------------------------------------
+
+
+def test_a_registered_batch_holds_no_lock_on_its_run(world: World) -> None:
+    """Decision 0100: between its fence's registration and its COMMIT a batch holds nothing on its run's
+    row, so its runner's heartbeat, progress and finish go through at once (the simulator's mutant 1 and
+    its SQL twin, bench/mutants/run_sql_twins.py, take the row FOR UPDATE at registration: this fails)."""
+    run, runner_id = _claimed(world)
+    child = world.session(lock_timeout_s=LOCK_TIMEOUT_S)
+    batch = child.begin_batch(run.run_id, runner_id)
+    assert batch.register_fence() is True
+    assert world.ledger.heartbeat(runner_id, 60).held == {run.run_id: None}
+    assert world.ledger.record_progress(runner_id, {run.run_id: {"done": 1}}) == 1
+    batch.commit()
+    assert world.ledger.finish(run.run_id, runner_id, FinishParams("SUCCESS")) is not None
+
+
 
 
 def test_a_batchs_own_row_lock_blocks_its_runners_heartbeat_not_its_commit(world: World) -> None:

@@ -37,7 +37,7 @@ registry.register(engine, registry.RunnerRegistration(
 queued = ledger.enqueue(engine, "embedding", {}, not_before_delay_s=0)
 run = ledger.claim_next(engine, me, ["embedding"], 40)
 beat = ledger.heartbeat(engine, me, 40)
-done = ledger.finish(engine, run.run_id, me, "SUCCESS")
+done = ledger.finish(engine, run.run_id, me, ledger.FinishParams("SUCCESS"))
 print(json.dumps({"client_time": time.time(), "run_id": str(run.run_id), "runner_id": str(me),
                   "claim_lease": run.lease_expires_at.isoformat(), "claim_start": run.started_at.isoformat()}))
 """

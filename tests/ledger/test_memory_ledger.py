@@ -22,6 +22,7 @@ from runner.memory_ledger import (
     unreachable_error,
 )
 from scrinalia.db.errors import classify_database_error
+from scrinalia.domains.archive.ledger import FinishParams
 from tests.ledger.conformance import VirtualClock, registration
 
 
@@ -43,7 +44,7 @@ def _history(steps: int = 20) -> tuple[list[tuple[object, ...]], str]:
         clock.advance(3 + step % 4)
         beat = session.heartbeat(runner_id, 5)
         expired = session.expire_leases()
-        done = session.finish(run.run_id, runner_id, "SUCCESS")
+        done = session.finish(run.run_id, runner_id, FinishParams("SUCCESS"))
         out.append((run.run_id, run.queued_at, tuple(beat.held), tuple(r.run_id for r in expired),
                     done.finished_at if done else None))
     return out, database.digest()
@@ -148,7 +149,7 @@ def test_a_lock_wait_past_the_bound_says_how_long_it_waited() -> None:
     database.lock_row(run.run_id, "share")
     start = clock.now
     with pytest.raises(DBAPIError) as stuck:
-        session.finish(run.run_id, runner_id, "SUCCESS")
+        session.finish(run.run_id, runner_id, FinishParams("SUCCESS"))
     assert stuck.value.orig.waited_seconds == 1.0
     assert (clock.now - start).total_seconds() == 1.0
 

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from scrinalia.domains.archive import ledger, registry
+from scrinalia.domains.archive.ledger import FinishParams
 from scrinalia.domains.archive.ledger_events import RESYNC, LedgerEvent, LedgerListener, conninfo_for
 from tests.ledger.helpers import register_runner
 
@@ -70,7 +71,7 @@ def test_every_run_step_is_announced_at_commit(engine: Engine, listener: LedgerL
     events = collect(listener, lambda ev: runs_of(ev))
     assert runs_of(events) == [("w", "RUNNING")] and events[0].cancel  # the runner beats at once on it
 
-    ledger.finish(engine, run.run_id, runner, "CANCELLED", exit_reason="cancelled")
+    ledger.finish(engine, run.run_id, runner, FinishParams("CANCELLED", exit_reason="cancelled"))
     assert runs_of(collect(listener, lambda ev: runs_of(ev))) == [("w", "CANCELLED")]
 
     # An uncommitted change is not announced (NOTIFY is delivered at COMMIT only).
@@ -126,7 +127,7 @@ def test_record_progress_is_one_fenced_statement_for_all_children(engine: Engine
     assert ledger.get_run(engine, run_b.run_id).progress == {"done": 5}
     assert ledger.get_run(engine, run_c.run_id).progress is None
 
-    ledger.finish(engine, run_a.run_id, me, "SUCCESS")
+    ledger.finish(engine, run_a.run_id, me, FinishParams("SUCCESS"))
     assert ledger.record_progress(engine, me, {run_a.run_id: {"done": 2, "total": 2}}) == 0  # not RUNNING
     assert ledger.record_progress(engine, me, {}) == 0
 

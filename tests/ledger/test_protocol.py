@@ -14,6 +14,7 @@ from scrinalia.domains.archive.errors import (
     RunNotFound,
     WorkerRunAlreadyActive,
 )
+from scrinalia.domains.archive.ledger import FinishParams, StartParams
 from tests.ledger.helpers import register_runner
 
 
@@ -51,7 +52,7 @@ def test_the_slot_refuses_a_second_active_run_and_frees_when_terminal(engine):
     assert running_busy.value.active.status == "RUNNING"
     assert _count(engine, "worker_name = 'ner'") == 1
 
-    assert ledger.finish(engine, claimed.run_id, me, "SUCCESS") is not None
+    assert ledger.finish(engine, claimed.run_id, me, FinishParams("SUCCESS")) is not None
     second = ledger.enqueue(engine, "ner", {})
     assert second.status == "QUEUED" and second.run_id != first.run_id
     # Another worker's slot was never involved.
@@ -92,38 +93,38 @@ def test_record_start_is_fenced_by_runner_and_status(engine):
     stranger = register_runner(engine, ["embedding"], name="stranger")
     effective: dict[str, Any] = {"engine_name": "minilm", "preset": "cpu", "config": {"model": "m"},
                                  "options": {"k": 1}}
-    assert ledger.record_start(engine, run.run_id, stranger, **effective) is False
+    assert ledger.record_start(engine, run.run_id, stranger, StartParams(**effective)) is False
     assert ledger.get_run(engine, run.run_id).engine_name is None
-    assert ledger.record_start(engine, run.run_id, me, **effective) is True
+    assert ledger.record_start(engine, run.run_id, me, StartParams(**effective)) is True
     row = ledger.get_run(engine, run.run_id)
     assert (row.engine_name, row.preset, row.config, row.options) == ("minilm", "cpu", {"model": "m"}, {"k": 1})
-    ledger.finish(engine, run.run_id, me, "SUCCESS")
-    assert ledger.record_start(engine, run.run_id, me, **effective) is False
+    ledger.finish(engine, run.run_id, me, FinishParams("SUCCESS"))
+    assert ledger.record_start(engine, run.run_id, me, StartParams(**effective)) is False
 
 
 def test_finish_is_fenced_and_records_exit_fields(engine):
     me, run = _claimed(engine)
     stranger = register_runner(engine, ["embedding"], name="stranger")
-    assert ledger.finish(engine, run.run_id, stranger, "SUCCESS") is None
+    assert ledger.finish(engine, run.run_id, stranger, FinishParams("SUCCESS")) is None
     assert ledger.get_run(engine, run.run_id).status == "RUNNING"
 
     done = ledger.finish(
-        engine, run.run_id, me, "FAILED",
+        engine, run.run_id, me, FinishParams("FAILED",
         error="RuntimeError: CUDA error at /opt/x/y.py line 42", exit_code=None, exit_signal=11,
-        exit_reason="signal", metrics={"peak_rss_bytes": 1234}, result={"processed": 3},
-    )
+        exit_reason="signal", metrics={"peak_rss_bytes": 1234}, result={"processed": 3}))
     assert done.status == "FAILED" and done.exit_signal == 11 and done.exit_reason == "signal"
     assert done.finished_at >= done.started_at and done.duration_ms >= 0
     assert done.error_fingerprint == "runtimeerror: cuda error at <path> line <n>"
     assert done.metrics == {"peak_rss_bytes": 1234} and done.result == {"processed": 3}
     # A second finish (a zombie, or a retry of the statement) touches nothing.
-    assert ledger.finish(engine, run.run_id, me, "SUCCESS") is None
+    assert ledger.finish(engine, run.run_id, me, FinishParams("SUCCESS")) is None
     assert ledger.get_run(engine, run.run_id).status == "FAILED"
 
 
 def test_finish_truncates_a_long_error(engine):
     me, run = _claimed(engine)
-    done = ledger.finish(engine, run.run_id, me, "FAILED", error="ValueError: " + "x" * 5000, exit_reason="exception")
+    done = ledger.finish(engine, run.run_id, me, FinishParams("FAILED", error="ValueError: " + "x" * 5000,
+                                                                  exit_reason="exception"))
     assert done.error is not None and len(done.error) == 2000 and done.error.startswith("ValueError: ")
 
 
@@ -167,7 +168,7 @@ def test_a_lost_row_is_missing_from_the_heartbeat(engine):
     assert [r.run_id for r in ledger.expire_leases(engine)] == [run.run_id]
     beat = ledger.heartbeat(engine, me, 60)
     assert beat.registry_renewed and run.run_id not in beat.held
-    assert ledger.finish(engine, run.run_id, me, "SUCCESS") is None
+    assert ledger.finish(engine, run.run_id, me, FinishParams("SUCCESS")) is None
 
 
 def test_expire_leases_marks_only_expired_running_rows(engine):
@@ -177,7 +178,7 @@ def test_expire_leases_marks_only_expired_running_rows(engine):
     expired = ledger.claim_next(engine, me, ["a"], 60)
     alive = ledger.claim_next(engine, me, ["b"], 60)
     finished = ledger.claim_next(engine, me, ["c"], 60)
-    ledger.finish(engine, finished.run_id, me, "SUCCESS")
+    ledger.finish(engine, finished.run_id, me, FinishParams("SUCCESS"))
     queued = ledger.enqueue(engine, "d", {})
     with engine.begin() as conn:
         conn.execute(
@@ -213,7 +214,7 @@ def test_request_cancel_only_flags_a_running_run(engine):
     assert flagged.finished_at is None and flagged.runner_id == me
     again = ledger.request_cancel(engine, run.run_id, requested_by="bob")
     assert again.cancel_requested_at == flagged.cancel_requested_at and again.cancel_requested_by == "ana"
-    done = ledger.finish(engine, run.run_id, me, "CANCELLED", exit_reason="cancelled")
+    done = ledger.finish(engine, run.run_id, me, FinishParams("CANCELLED", exit_reason="cancelled"))
     with pytest.raises(RunAlreadyFinished) as ended:
         ledger.request_cancel(engine, run.run_id)
     assert ended.value.run.status == done.status == "CANCELLED"
@@ -235,7 +236,7 @@ def test_active_and_last_runs(engine):
     me = register_runner(engine, ["a", "b"])
     first = ledger.enqueue(engine, "a", {})
     ledger.claim_next(engine, me, ["a"], 60)
-    ledger.finish(engine, first.run_id, me, "FAILED", error="boom")
+    ledger.finish(engine, first.run_id, me, FinishParams("FAILED", error="boom"))
     active = ledger.enqueue(engine, "a", {})
     view = ledger.active_and_last_runs(engine, ["a", "b"])
     assert view["a"][0]["run_id"] == str(active.run_id) and view["a"][1]["run_id"] == str(first.run_id)

@@ -9,6 +9,7 @@ from sqlalchemy import text
 
 from scrinalia.db.engine import ServerFacts, create_engine_from_url
 from scrinalia.domains.archive import ledger, registry
+from scrinalia.domains.archive.ledger import FinishParams, StartParams
 from tests.ledger.helpers import WireTrace, register_runner
 
 TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "START TRANSACTION", "END")
@@ -62,10 +63,10 @@ def test_every_protocol_step_is_one_statement_without_begin_or_commit(database_u
             lambda: ledger.enqueue(engine, "a", {}),
             lambda: ledger.enqueue(engine, "b", {}),
             lambda: ledger.claim_next(engine, runner_id, ["a"], 60),
-            lambda: ledger.record_start(engine, runs["active"], runner_id, engine_name=None, preset=None,
-                                        config={}, options={}),
+            lambda: ledger.record_start(engine, runs["active"], runner_id, StartParams(engine_name=None, preset=None,
+                                        config={}, options={})),
             lambda: ledger.heartbeat(engine, runner_id, 60, children=[{"pid": 1}]),
-            lambda: ledger.finish(engine, runs["active"], runner_id, "SUCCESS"),
+            lambda: ledger.finish(engine, runs["active"], runner_id, FinishParams("SUCCESS")),
             lambda: ledger.expire_leases(engine),
             lambda: ledger.request_cancel(engine, runs["queued"]),
             lambda: ledger.get_run(engine, runs["queued"]),

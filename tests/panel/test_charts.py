@@ -12,6 +12,7 @@ from playwright.sync_api import expect
 from sqlalchemy import Engine, text
 
 from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.ledger import FinishParams
 from tests.ledger.helpers import register_runner
 from tests.panel.helpers import ADMIN, login, shot
 from tests.panel.test_live import _wait_serving
@@ -36,7 +37,7 @@ def _history(engine: Engine) -> None:
         ledger.enqueue(engine, TREND_WORKER, {})
         run = ledger.claim_next(engine, runner, [TREND_WORKER], 60)
         assert run is not None
-        ledger.finish(engine, run.run_id, runner, outcome)
+        ledger.finish(engine, run.run_id, runner, FinishParams(outcome))
         with engine.begin() as conn:
             conn.execute(text("UPDATE archive_worker_runs SET finished_at = now() - make_interval(secs => :a), "
                               "duration_ms = :ms WHERE run_id = :r"),

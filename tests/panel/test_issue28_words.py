@@ -23,6 +23,7 @@ from playwright.sync_api import expect
 from sqlalchemy import Engine, text
 
 from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.ledger import FinishParams
 from tests.ledger.helpers import register_runner
 from tests.panel.helpers import ADMIN, login, shot, watch_csp
 from tests.panel.test_live import _wait_serving
@@ -41,7 +42,7 @@ def _runs_in_one_hour(engine: Engine, worker: str, n: int = 2) -> None:
         ledger.enqueue(engine, worker, {})
         run = ledger.claim_next(engine, runner, [worker], 60)
         assert run is not None
-        ledger.finish(engine, run.run_id, runner, "SUCCESS")
+        ledger.finish(engine, run.run_id, runner, FinishParams("SUCCESS"))
         with engine.begin() as conn:
             conn.execute(text("UPDATE archive_worker_runs SET finished_at = now() - interval '1 minute', "
                               "duration_ms = :ms WHERE run_id = :r"), {"ms": 300 + 100 * i, "r": run.run_id})
@@ -220,7 +221,7 @@ def test_plurals_and_labels_in_words(page, panel_engine):
     run = ledger.claim_next(panel_engine, runner, [worker], 60)
     assert run is not None
     ledger.record_progress(panel_engine, runner, {run.run_id: {"done": 1, "total": 10, "unit": "item"}})
-    ledger.finish(panel_engine, run.run_id, runner, "SUCCESS")
+    ledger.finish(panel_engine, run.run_id, runner, FinishParams("SUCCESS"))
     login(page, *ADMIN)
     expect(page.get_by_role("heading", name="Workers")).to_be_visible()
     page.goto(f"/#/workers/{worker}")

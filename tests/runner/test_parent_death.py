@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from scrinalia.domains.archive import ledger, registry
+from scrinalia.domains.archive.ledger import FinishParams
 from tests.runner.conftest import enqueue, pid_alive, wait_for, wait_status
 
 pytestmark = pytest.mark.slow
@@ -65,7 +66,7 @@ def test_sigstop_past_the_lease_then_sigcont_the_old_parent_writes_nothing(start
     assert status["counters"]["lost"] >= 1 and status["counters"]["INTERRUPTED"] == 0
     assert ledger.get_run(engine, run.run_id) == expired
     # Its finish, attempted now, touches 0 rows.
-    assert ledger.finish(engine, run.run_id, old_id, "FAILED", error="late") is None
+    assert ledger.finish(engine, run.run_id, old_id, FinishParams("FAILED", error="late")) is None
     assert ledger.get_run(engine, run.run_id) == expired
     # And it goes on: renewed registry row, claims again.
     assert registry.get_runner(engine, old_id).state == "online"

@@ -322,16 +322,17 @@ def run_sessions(ctx: RunContext) -> dict[str, Any]:
 ALL.append(_spec("sessions", run_sessions))
 
 
-def resolve_where(spec: WorkerSpec, engine: Any, request: Any) -> Any:
-    """A custom resolver that says which process ran it (the supervisor resolves at claim, once), and
-    refuses a request with ``options.refuse`` (a configuration error found at claim)."""
+def resolve_where(spec: WorkerSpec, engine: Any, request: Any, layer: Any = None) -> Any:
+    """A custom resolver that says which process ran it (the supervisor resolves at claim, once, from the
+    ``layer`` it read through the ledger port), and refuses a request with ``options.refuse`` (a
+    configuration error found at claim)."""
     import dataclasses
 
     from scrinalia.domains.archive.workers.sdk import InvalidOption, resolve_config
 
     if (request.get("options") or {}).get("refuse"):
         raise InvalidOption("options.refuse", "refused by the resolver at claim")
-    resolved = resolve_config(spec, engine, request)
+    resolved = resolve_config(spec, engine, request, layer=layer)
     return dataclasses.replace(resolved, config={**resolved.config, "resolved_in_pid": os.getpid()})
 
 

@@ -6,6 +6,7 @@ import pytest
 from sqlalchemy import text
 
 from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.ledger import FinishParams
 from scrinalia.domains.archive.workers.sdk import WorkerSpec
 from scrinalia.scheduler import quarantine
 from scrinalia.scheduler import schedules as schedules_module
@@ -43,8 +44,8 @@ def _chain(engine, scheduler, runner, worker, errors, *, status="FAILED", reason
     for attempt, error in enumerate(errors, start=1):
         run = ledger.claim_next(engine, runner, [worker], 60)
         assert run is not None and run.attempt == attempt, (attempt, run)
-        ledger.finish(engine, run.run_id, runner, status, error=error if status == "FAILED" else None,
-                      exit_reason=reason if status == "FAILED" else None)
+        ledger.finish(engine, run.run_id, runner, FinishParams(status, error=error if status == "FAILED" else None,
+                      exit_reason=reason if status == "FAILED" else None))
         reports.append(scheduler.tick())  # the retry (backing off), or the chain's end
         # The retry is claimable, the schedule due (it fires once the slot is free).
         _fast_forward(engine, tick_due=fire_next)
@@ -156,7 +157,7 @@ def test_manual_and_cli_runs_never_count_and_are_never_quarantined(engine, trigg
             else:
                 run = ledger.create_running(engine, worker, {}, runner_id=runner, lease_seconds=60)
             assert run is not None and run.trigger == trigger
-            ledger.finish(engine, run.run_id, runner, "FAILED", error=SAME[0], exit_reason="exception")
+            ledger.finish(engine, run.run_id, runner, FinishParams("FAILED", error=SAME[0], exit_reason="exception"))
 
         # Two scheduled chains fail, and many manual runs fail the same way, of both workers (the
         # schedule is not due meanwhile): no quarantine, and no retry of a manual run.

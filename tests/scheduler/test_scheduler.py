@@ -8,6 +8,7 @@ from sqlalchemy import text
 
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive.ledger import FinishParams
 from scrinalia.domains.archive.workers.plugins import load_catalogue
 from scrinalia.domains.archive.workers.sdk import WorkerSpec
 from scrinalia.scheduler import schedules as schedules_module
@@ -36,8 +37,8 @@ def Scheduler(engine):  # the class, with this module's catalogue
 def _fail(engine, runner, worker, status="FAILED"):
     run = ledger.claim_next(engine, runner, [worker], 60)
     assert run is not None
-    return ledger.finish(engine, run.run_id, runner, status, error="RuntimeError: boom",
-                         exit_reason="exception" if status == "FAILED" else "cancelled")
+    return ledger.finish(engine, run.run_id, runner, FinishParams(status, error="RuntimeError: boom",
+                         exit_reason="exception" if status == "FAILED" else "cancelled"))
 
 
 def _db_now(engine):
@@ -130,7 +131,8 @@ def test_manual_runs_are_never_retried(engine, trigger):
         _fail(engine, runner, "embedding")
     else:
         run = ledger.create_running(engine, "embedding", {}, runner_id=runner, lease_seconds=60)
-        ledger.finish(engine, run.run_id, runner, "FAILED", error="RuntimeError: x", exit_reason="exception")
+        ledger.finish(engine, run.run_id, runner, FinishParams("FAILED", error="RuntimeError: x",
+                                                                exit_reason="exception"))
     assert retry_failed_scheduled_runs(engine) == []
 
 

@@ -50,3 +50,26 @@ def test_one_seed_replays_with_a_readable_trace():
     assert any("runner-1" in line and "registered" in line for line in lines)  # the supervisor's own log
     assert any("enqueued" in line for line in lines)
     assert str(run_seed(3).digest and f"{run_seed(3).digest:08x}") in lines[-1]
+
+
+def test_parallel_processes_give_the_same_summary_as_one():
+    one, two = run_many(list(range(6)), jobs=1), run_many(list(range(6)), jobs=2)
+    for summary in (one, two):
+        del summary["wall_seconds"]
+    assert one == two
+
+
+def test_the_claims_reads_go_through_the_port_so_the_simulator_sends_them():
+    """Decision 0351: what a resolver reads at claim (the settings, the LLM_CHECK rule) is a statement of
+    the port, so the production supervisor sends it to the simulator's ledger too."""
+    from collections import Counter
+
+    from runner.simulation import Simulation
+
+    sim = Simulation(5)
+    sim.run()
+    sent: Counter[str] = Counter()
+    for host in sim.hosts:
+        if host.supervisor is not None:
+            sent.update(host.supervisor.db.statements)
+    assert sent["settings"] > 0 and sent["llm_check_rule"] > 0, sent

@@ -16,6 +16,7 @@ from sqlalchemy import Engine, text
 
 from runner.oneshot import run_once
 from scrinalia.domains.archive import ledger, registry
+from scrinalia.domains.archive.ledger import FinishParams, StartParams
 from scrinalia.domains.archive.workers.sdk import LeaseLost, LocalChannel, RunCancelled, RunContext, WorkerSpec
 
 
@@ -61,8 +62,8 @@ def run_in_process(engine: Engine, spec: WorkerSpec, request: dict[str, Any] | N
     runner_id = register_runner(engine, [spec.name])
     run = ledger.create_running(engine, spec.name, request, runner_id=runner_id, lease_seconds=60)
     resolved = spec.resolve(engine, request)
-    assert ledger.record_start(engine, run.run_id, runner_id, engine_name=resolved.engine_name,
-                               preset=resolved.preset, config=resolved.config, options=resolved.options)
+    assert ledger.record_start(engine, run.run_id, runner_id, StartParams(engine_name=resolved.engine_name,
+                               preset=resolved.preset, config=resolved.config, options=resolved.options))
     ctx = RunContext(run, resolved, engine, channel or LocalChannel())
     status, result = "SUCCESS", None
     try:
@@ -73,8 +74,8 @@ def run_in_process(engine: Engine, spec: WorkerSpec, request: dict[str, Any] | N
         lost = ledger.get_run(engine, run.run_id)
         assert lost is not None
         return "LEASE_LOST", dict(ctx.result), lost
-    final = ledger.finish(engine, run.run_id, runner_id, status, result=result,
-                          exit_reason="cancelled" if status == "CANCELLED" else None)
+    final = ledger.finish(engine, run.run_id, runner_id, FinishParams(status, result=result,
+                          exit_reason="cancelled" if status == "CANCELLED" else None))
     assert final is not None
     return status, result, final
 

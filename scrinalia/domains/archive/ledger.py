@@ -2,18 +2,11 @@
 
 Each function runs exactly one statement in its own transaction (sent in autocommit through
 ``one_statement``: one round trip, no BEGIN/COMMIT pair around it), takes every timestamp from the
-database's ``now()`` (the API host and the GPU host have different clocks), and carries the fence of
-the protocol table (docs/protocol.md):
-
-    enqueue        INSERT QUEUED                          fence: uq_worker_run_active -> WorkerRunAlreadyActive
-    claim_next     UPDATE one QUEUED row -> RUNNING        fence: FOR UPDATE SKIP LOCKED
-    record_start   effective engine/preset/config/options  fence: runner_id = me AND status = RUNNING
-    heartbeat      registry row + all my RUNNING rows      fence: runner_id = me
-    finish         terminal status + exit fields           fence: runner_id = me AND status = RUNNING
-    expire_leases  RUNNING past its lease -> INTERRUPTED   fence: the lease
-    request_cancel QUEUED -> CANCELLED; RUNNING -> flag    fence: status
-    enqueue_retries  INSERT QUEUED retries (the retry policy)  fence: ON CONFLICT on uq_worker_run_active
-    register_batch_fence  a worker's batch (inside its own transaction)  fence: checked again at COMMIT
+database's ``now()`` (the API host and the GPU host have different clocks), and carries a fence. The
+statements themselves live in one file, ``queries.sql``, each under its name with its fence (read once by
+``scrinalia.domains.archive.queries``; docs/protocol.md lists them); this module binds their parameters.
+A step with more than a few fields takes one parameter object (``FinishParams``, ``StartParams``), the
+same on the ledger port and both of its adapters.
 
 A fenced statement that touches no row means the caller lost that run: it must write nothing more.
 """
@@ -46,6 +39,7 @@ from scrinalia.domains.archive.errors import (
     RunNotFound,
     WorkerRunAlreadyActive,
 )
+from scrinalia.domains.archive.queries import QUERIES
 
 REQUEST_KEYS = ("engine_name", "preset", "db_batch_size", "options", "engine_options")
 BATCH_SIZE_MIN, BATCH_SIZE_MAX = 1, 10_000
@@ -200,19 +194,11 @@ def _json(value: Any) -> str | None:
 
 # --- enqueue -------------------------------------------------------------------------------------
 
-_ENQUEUE = text(
-    f"""
-    INSERT INTO archive_worker_runs
-        (worker_name, status, trigger, requested_by, requested_by_user_id, request,
-         attempt, retry_of, not_before, schedule_id)
-    VALUES
-        (:worker_name, 'QUEUED', CAST(:trigger AS worker_run_trigger), :requested_by, :requested_by_user_id,
-         CAST(:request AS jsonb), :attempt, :retry_of,
-         now() + make_interval(secs => CAST(:delay_seconds AS double precision)),
-         :schedule_id)
-    RETURNING {RUN_COLUMNS}
-    """
-).bindparams(bindparam("retry_of", type_=UUID(as_uuid=True)))
+#: The two uuid parameters of the fenced statements of a run.
+_RUN_AND_RUNNER = (bindparam("run_id", type_=UUID(as_uuid=True)), bindparam("runner_id", type_=UUID(as_uuid=True)))
+
+_ENQUEUE = QUERIES["enqueue"].text(run_columns=RUN_COLUMNS).bindparams(
+    bindparam("retry_of", type_=UUID(as_uuid=True)))
 
 
 def check_enqueue(worker_name: Any, request: Any, *, trigger: str, attempt: Any) -> dict[str, Any]:
@@ -262,34 +248,7 @@ def enqueue(
 
 # --- enqueue_retries: the retry policy's statement (scrinalia/scheduler/retry.py holds the policy) --------
 
-# The latest run of every scheduled worker, when it is a SCHEDULE run that ended FAILED or INTERRUPTED
-# (not on its configuration) under the attempt limit: a new QUEUED row, attempt + 1, retry_of the failed
-# run, the same request, not_before = now() + base x 2^(attempt-1) with +-jitter, capped. ON CONFLICT on
-# the slot's partial unique index makes it race-free: if anything took the worker's slot meanwhile, the
-# retry waits for the next tick instead of failing.
-_ENQUEUE_RETRIES = text(
-    """
-    INSERT INTO archive_worker_runs
-        (worker_name, status, trigger, requested_by, request, attempt, retry_of, not_before, schedule_id)
-    SELECT last.worker_name, 'QUEUED', 'SCHEDULE', 'scheduler (retry)', last.request, last.attempt + 1,
-           last.run_id,
-           now() + make_interval(secs => LEAST(:cap_s,
-               :base_s * power(2, last.attempt - 1) * (1 - :jitter + random() * 2 * :jitter))),
-           last.schedule_id
-      FROM (SELECT DISTINCT worker_name FROM archive_worker_schedules) AS s
-      CROSS JOIN LATERAL (
-            SELECT r.* FROM archive_worker_runs r
-             WHERE r.worker_name = s.worker_name
-             ORDER BY r.id DESC
-             LIMIT 1) AS last
-     WHERE last.trigger = 'SCHEDULE'
-       AND last.status IN ('FAILED', 'INTERRUPTED')
-       AND last.exit_reason IS DISTINCT FROM 'configuration'
-       AND last.attempt < :attempt_limit
-    ON CONFLICT (worker_name) WHERE status IN ('QUEUED', 'RUNNING') DO NOTHING
-    RETURNING run_id, worker_name, attempt, retry_of
-    """
-)
+_ENQUEUE_RETRIES = QUERIES["enqueue_retries"].text()
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,26 +270,7 @@ def enqueue_retries(
 
 # --- claim ---------------------------------------------------------------------------------------
 
-_CLAIM_NEXT = text(
-    f"""
-    UPDATE archive_worker_runs
-       SET status = 'RUNNING',
-           runner_id = :runner_id,
-           started_at = now(),
-           heartbeat_at = now(),
-           lease_expires_at = now() + make_interval(secs => :lease_seconds)
-     WHERE id = (
-            SELECT id FROM archive_worker_runs
-             WHERE status = 'QUEUED'
-               AND worker_name = ANY(:capabilities)
-               AND (not_before IS NULL OR not_before <= now())
-             ORDER BY queued_at, id
-             LIMIT 1
-               FOR UPDATE SKIP LOCKED)
-       AND status = 'QUEUED'
-    RETURNING {RUN_COLUMNS}
-    """
-).bindparams(
+_CLAIM_NEXT = QUERIES["claim_next"].text(run_columns=RUN_COLUMNS).bindparams(
     bindparam("runner_id", type_=UUID(as_uuid=True)),
     bindparam("capabilities", type_=ARRAY(Text)),
 )
@@ -353,17 +293,8 @@ def claim_next(
 
 # --- the one-shot CLI: a RUNNING row of its own ---------------------------------------------------
 
-_CREATE_RUNNING = text(
-    f"""
-    INSERT INTO archive_worker_runs
-        (worker_name, status, trigger, requested_by, request, runner_id,
-         started_at, heartbeat_at, lease_expires_at)
-    VALUES
-        (:worker_name, 'RUNNING', 'CLI', :requested_by, CAST(:request AS jsonb), :runner_id,
-         now(), now(), now() + make_interval(secs => :lease_seconds))
-    RETURNING {RUN_COLUMNS}
-    """
-).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
+_CREATE_RUNNING = QUERIES["create_running"].text(run_columns=RUN_COLUMNS).bindparams(
+    bindparam("runner_id", type_=UUID(as_uuid=True)))
 
 
 def create_running(
@@ -404,28 +335,20 @@ def _insert_into_slot(engine: Engine, statement: Any, params: Mapping[str, Any])
 
 # --- record_start --------------------------------------------------------------------------------
 
-_RECORD_START = text(
-    """
-    UPDATE archive_worker_runs
-       SET engine_name = :engine_name,
-           preset = :preset,
-           config = CAST(:config AS jsonb),
-           options = CAST(:options AS jsonb)
-     WHERE run_id = :run_id AND runner_id = :runner_id AND status = 'RUNNING'
-    """
-).bindparams(bindparam("run_id", type_=UUID(as_uuid=True)), bindparam("runner_id", type_=UUID(as_uuid=True)))
+_RECORD_START = QUERIES["record_start"].text().bindparams(*_RUN_AND_RUNNER)
 
 
-def record_start(
-    engine: Engine,
-    run_id: uuid.UUID,
-    runner_id: uuid.UUID,
-    *,
-    engine_name: str | None,
-    preset: str | None,
-    config: Mapping[str, Any] | None,
-    options: Mapping[str, Any] | None,
-) -> bool:
+@dataclass(frozen=True, slots=True)
+class StartParams:
+    """``record_start``'s fields: what actually runs, as the supervisor resolved it at claim."""
+
+    engine_name: str | None
+    preset: str | None
+    config: Mapping[str, Any] | None
+    options: Mapping[str, Any] | None
+
+
+def record_start(engine: Engine, run_id: uuid.UUID, runner_id: uuid.UUID, params: StartParams) -> bool:
     """Write what actually runs (resolved at claim by the supervisor, before the child starts: the truth,
     next to the request's promise).
 
@@ -434,48 +357,15 @@ def record_start(
     with one_statement(engine) as conn:
         result = conn.execute(
             _RECORD_START,
-            {
-                "run_id": run_id,
-                "runner_id": runner_id,
-                "engine_name": engine_name,
-                "preset": preset,
-                "config": _json(config),
-                "options": _json(options),
-            },
+            {"run_id": run_id, "runner_id": runner_id, "engine_name": params.engine_name,
+             "preset": params.preset, "config": _json(params.config), "options": _json(params.options)},
         )
     return result.rowcount == 1
 
 
 # --- heartbeat -----------------------------------------------------------------------------------
 
-_HEARTBEAT = text(
-    """
-    WITH registry AS (
-        UPDATE archive_worker_runners
-           SET last_heartbeat_at = now(),
-               children = CASE WHEN CAST(:children AS jsonb) IS DISTINCT FROM children
-                                AND CAST(:children AS jsonb) IS NOT NULL
-                               THEN CAST(:children AS jsonb) ELSE children END
-         WHERE runner_id = :runner_id
-        RETURNING drain_requested_at
-    ), runs AS (
-        UPDATE archive_worker_runs AS r
-           SET heartbeat_at = now(),
-               lease_expires_at = now() + make_interval(secs => :lease_seconds),
-               progress = COALESCE(CAST(:progress AS jsonb) -> r.run_id::text, r.progress)
-         WHERE r.runner_id = :runner_id AND r.status = 'RUNNING'
-        RETURNING r.run_id, r.cancel_requested_at
-    )
-    SELECT (SELECT count(*) FROM registry) AS registry_renewed,
-           (SELECT drain_requested_at FROM registry) AS drain_requested_at,
-           now() AS db_now,
-           now() + make_interval(secs => :lease_seconds) AS lease_expires_at,
-           runs.run_id,
-           runs.cancel_requested_at
-      FROM (SELECT 1) AS one
-      LEFT JOIN runs ON true
-    """
-).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
+_HEARTBEAT = QUERIES["heartbeat"].text().bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
 
 
 def heartbeat(
@@ -514,23 +404,8 @@ def heartbeat(
 
 # --- finish --------------------------------------------------------------------------------------
 
-_FINISH = text(
-    f"""
-    UPDATE archive_worker_runs
-       SET status = CAST(:status AS worker_run_status),
-           finished_at = now(),
-           duration_ms = GREATEST(0, (extract(epoch FROM now() - started_at) * 1000))::bigint,
-           error = left(:error, {ERROR_MAX}),
-           exit_code = :exit_code,
-           exit_signal = :exit_signal,
-           exit_reason = :exit_reason,
-           progress = COALESCE(CAST(:progress AS jsonb), progress),
-           metrics = COALESCE(CAST(:metrics AS jsonb), metrics),
-           result = COALESCE(CAST(:result AS jsonb), result)
-     WHERE run_id = :run_id AND runner_id = :runner_id AND status = 'RUNNING'
-    RETURNING {RUN_COLUMNS}
-    """
-).bindparams(bindparam("run_id", type_=UUID(as_uuid=True)), bindparam("runner_id", type_=UUID(as_uuid=True)))
+_FINISH = QUERIES["finish"].text(run_columns=RUN_COLUMNS, error_max=str(ERROR_MAX)).bindparams(
+    *_RUN_AND_RUNNER)
 
 
 def check_finish(status: str, exit_reason: str | None) -> None:
@@ -541,60 +416,38 @@ def check_finish(status: str, exit_reason: str | None) -> None:
         raise ValueError(f"unknown exit_reason {exit_reason!r}")
 
 
-def finish(
-    engine: Engine,
-    run_id: uuid.UUID,
-    runner_id: uuid.UUID,
-    status: str,
-    *,
-    error: str | None = None,
-    exit_code: int | None = None,
-    exit_signal: int | None = None,
-    exit_reason: str | None = None,
-    progress: Mapping[str, Any] | None = None,
-    metrics: Mapping[str, Any] | None = None,
-    result: Mapping[str, Any] | None = None,
-) -> WorkerRun | None:
+@dataclass(frozen=True, slots=True)
+class FinishParams:
+    """``finish``'s fields (River's ``...Params``): the terminal status and what the end left. A JSON field
+    left None keeps the row's value (``COALESCE``). Refused at construction (``check_finish``: a caller's
+    bug), so nothing is sent."""
+
+    status: str
+    error: str | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    exit_reason: str | None = None
+    progress: Mapping[str, Any] | None = None
+    metrics: Mapping[str, Any] | None = None
+    result: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        check_finish(self.status, self.exit_reason)
+
+
+def finish(engine: Engine, run_id: uuid.UUID, runner_id: uuid.UUID, params: FinishParams) -> WorkerRun | None:
     """Close this runner's RUNNING row. None means the row was lost: write nothing more for it."""
-    check_finish(status, exit_reason)
+    bound = {"run_id": run_id, "runner_id": runner_id, "status": params.status, "error": params.error,
+             "exit_code": params.exit_code, "exit_signal": params.exit_signal, "exit_reason": params.exit_reason,
+             "progress": _json(params.progress), "metrics": _json(params.metrics), "result": _json(params.result)}
     with one_statement(engine) as conn:
-        row = conn.execute(
-            _FINISH,
-            {
-                "run_id": run_id,
-                "runner_id": runner_id,
-                "status": status,
-                "error": error,
-                "exit_code": exit_code,
-                "exit_signal": exit_signal,
-                "exit_reason": exit_reason,
-                "progress": _json(progress),
-                "metrics": _json(metrics),
-                "result": _json(result),
-            },
-        ).one_or_none()
+        row = conn.execute(_FINISH, bound).one_or_none()
     return WorkerRun.from_row(row) if row is not None else None
 
 
 # --- expire_leases -------------------------------------------------------------------------------
 
-_EXPIRE_LEASES = text(
-    f"""
-    UPDATE archive_worker_runs
-       SET status = 'INTERRUPTED',
-           finished_at = now(),
-           duration_ms = GREATEST(0, (extract(epoch FROM now() - started_at) * 1000))::bigint,
-           exit_reason = 'lease-lost',
-           error = 'LeaseExpired: the runner stopped renewing its lease (last heartbeat '
-                   || to_char(heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ')'
-     WHERE id IN (
-            SELECT id FROM archive_worker_runs
-             WHERE status = 'RUNNING' AND lease_expires_at < now()
-               FOR UPDATE SKIP LOCKED)
-       AND status = 'RUNNING' AND lease_expires_at < now()
-    RETURNING {RUN_COLUMNS}
-    """
-)
+_EXPIRE_LEASES = QUERIES["expire_leases"].text(run_columns=RUN_COLUMNS)
 
 
 def expire_leases(engine: Engine) -> list[WorkerRun]:
@@ -616,21 +469,7 @@ BATCH_FENCE_SQLSTATE = "SF001"
 #: longest a COMMIT waits for the run's row FOR SHARE before it fails ``blocked``.
 BATCH_FENCE_LOCK_TIMEOUT_S = 2.0
 
-# The one statement a worker's batch adds to its own transaction (RunContext.commit). The INSERT
-# registers the fence: the deferred constraint trigger of migration 0008 checks, at COMMIT and with
-# clock_timestamp(), that the run is RUNNING, held by this runner and inside its lease (taking the row
-# FOR SHARE only then, a bounded wait), deletes the row and lets the COMMIT through, or raises SF001 and
-# the whole batch is rolled back. The WHERE EXISTS refuses a batch whose lease is already gone before it
-# writes anything (no row inserted: rowcount 0), without locking anything.
-_REGISTER_BATCH_FENCE = text(
-    """
-    INSERT INTO archive_batch_fences (run_id, runner_id)
-    SELECT :run_id, :runner_id
-     WHERE EXISTS (SELECT 1 FROM archive_worker_runs
-                    WHERE run_id = :run_id AND runner_id = :runner_id AND status = 'RUNNING'
-                      AND lease_expires_at > clock_timestamp())
-    """
-).bindparams(bindparam("run_id", type_=UUID(as_uuid=True)), bindparam("runner_id", type_=UUID(as_uuid=True)))
+_REGISTER_BATCH_FENCE = QUERIES["register_batch_fence"].text().bindparams(*_RUN_AND_RUNNER)
 
 
 def register_batch_fence(conn: Connection, run_id: uuid.UUID, runner_id: uuid.UUID) -> bool:
@@ -648,19 +487,8 @@ def is_batch_fence_refusal(exc: BaseException) -> bool:
 
 # --- request_cancel ------------------------------------------------------------------------------
 
-_REQUEST_CANCEL = text(
-    f"""
-    UPDATE archive_worker_runs
-       SET cancel_requested_at = COALESCE(cancel_requested_at, now()),
-           cancel_requested_by = COALESCE(cancel_requested_by, :requested_by),
-           status = CASE WHEN status = 'QUEUED' THEN 'CANCELLED'::worker_run_status ELSE status END,
-           finished_at = CASE WHEN status = 'QUEUED' THEN now() ELSE finished_at END,
-           duration_ms = CASE WHEN status = 'QUEUED' THEN 0 ELSE duration_ms END,
-           exit_reason = CASE WHEN status = 'QUEUED' THEN 'cancelled' ELSE exit_reason END
-     WHERE run_id = :run_id AND status IN ('QUEUED', 'RUNNING')
-    RETURNING {RUN_COLUMNS}
-    """
-).bindparams(bindparam("run_id", type_=UUID(as_uuid=True)))
+_REQUEST_CANCEL = QUERIES["request_cancel"].text(run_columns=RUN_COLUMNS).bindparams(
+    bindparam("run_id", type_=UUID(as_uuid=True)))
 
 
 def request_cancel(engine: Engine, run_id: uuid.UUID, requested_by: str | None = None) -> WorkerRun:
@@ -682,14 +510,11 @@ def request_cancel(engine: Engine, run_id: uuid.UUID, requested_by: str | None =
 
 # --- reads ---------------------------------------------------------------------------------------
 
-_GET_RUN = text(f"SELECT {RUN_COLUMNS} FROM archive_worker_runs WHERE run_id = :run_id").bindparams(
+_GET_RUN = QUERIES["get_run"].text(run_columns=RUN_COLUMNS).bindparams(
     bindparam("run_id", type_=UUID(as_uuid=True))
 )
 
-_ACTIVE_RUN = text(
-    f"SELECT {RUN_COLUMNS} FROM archive_worker_runs "
-    "WHERE worker_name = :worker_name AND status IN ('QUEUED', 'RUNNING')"
-)
+_ACTIVE_RUN = QUERIES["active_run"].text(run_columns=RUN_COLUMNS)
 
 # One index probe per worker (uq_worker_run_active for the active one, ix_worker_runs_worker_id for
 # the last finished one), so the panel's cost does not grow with history.
@@ -746,21 +571,8 @@ def active_and_last_runs(
 
 # --- record_progress -----------------------------------------------------------------------------
 
-# One statement for all of a runner's children, whatever their number: the progress map arrives as one
-# jsonb object {run_id: progress} and is joined to the rows. Fenced like every write of a holder (my
-# RUNNING rows only); a row whose progress did not change is not rewritten, so it neither makes a dead
-# tuple nor fires the ledger's notification.
-_RECORD_PROGRESS = text(
-    """
-    UPDATE archive_worker_runs AS r
-       SET progress = p.progress
-      FROM jsonb_each(CAST(:progress AS jsonb)) AS p(run_id, progress)
-     WHERE r.run_id = CAST(p.run_id AS uuid)
-       AND r.runner_id = :runner_id
-       AND r.status = 'RUNNING'
-       AND r.progress IS DISTINCT FROM p.progress
-    """
-).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
+_RECORD_PROGRESS = QUERIES["record_progress"].text().bindparams(
+    bindparam("runner_id", type_=UUID(as_uuid=True)))
 
 
 def record_progress(

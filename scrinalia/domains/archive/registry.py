@@ -17,6 +17,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.types import Text
 
 from scrinalia.db.engine import one_statement
+from scrinalia.domains.archive.queries import QUERIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,35 +65,12 @@ class RunnerRow:
     state: str  # online | stale | stopped
 
 
-_REGISTER = text(
-    """
-    INSERT INTO archive_worker_runners
-        (runner_id, name, kind, hostname, pid, package_version, schema_revision, capabilities,
-         concurrency, heartbeat_seconds, lease_seconds, poll_seconds, devices, children, sees,
-         started_at, last_heartbeat_at)
-    VALUES
-        (:runner_id, :name, :kind, :hostname, :pid, :package_version, :schema_revision, :capabilities,
-         :concurrency, :heartbeat_seconds, :lease_seconds, :poll_seconds, CAST(:devices AS jsonb), '[]',
-         CAST(:sees AS jsonb), now(), now())
-    """
-).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)), bindparam("capabilities", type_=ARRAY(Text)))
+_REGISTER = QUERIES["register"].text().bindparams(
+    bindparam("runner_id", type_=UUID(as_uuid=True)), bindparam("capabilities", type_=ARRAY(Text)))
 
-_STOP = text(
-    """
-    UPDATE archive_worker_runners SET stopped_at = now(), children = '[]'
-     WHERE runner_id = :runner_id AND stopped_at IS NULL
-    """
-).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
+_STOP = QUERIES["stop"].text().bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
 
-_REQUEST_DRAIN = text(
-    """
-    UPDATE archive_worker_runners
-       SET drain_requested_at = COALESCE(drain_requested_at, now()),
-           drain_requested_by = COALESCE(drain_requested_by, :requested_by)
-     WHERE runner_id = :runner_id AND stopped_at IS NULL
-    RETURNING runner_id
-    """
-).bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
+_REQUEST_DRAIN = QUERIES["request_drain"].text().bindparams(bindparam("runner_id", type_=UUID(as_uuid=True)))
 
 # A runner is online while its last heartbeat is younger than its lease, by the database's clock.
 _STATE = """

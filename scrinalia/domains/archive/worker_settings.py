@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from scrinalia.db.engine import one_statement
+from scrinalia.domains.archive.queries import QUERIES
 
 SETTING_KEYS = ("engine_name", "preset", "db_batch_size", "options", "engine_options")
 
@@ -46,9 +47,17 @@ def _settings_rows(engine_or_conn: Engine | Connection, where: str = "", **param
     return list(engine_or_conn.execute(stmt, params).all())
 
 
+_GET_SETTINGS = QUERIES["worker_settings"].text(settings_columns=_COLUMNS)
+
+
 def get_settings(engine_or_conn: Engine | Connection, worker_name: str) -> dict[str, Any] | None:
-    rows = _settings_rows(engine_or_conn, "WHERE worker_name = :w", w=worker_name)
-    return _row_json(rows[0]) if rows else None
+    """The worker's persisted row (the named query ``worker_settings``), or None."""
+    if isinstance(engine_or_conn, Engine):
+        with one_statement(engine_or_conn) as conn:
+            row = conn.execute(_GET_SETTINGS, {"w": worker_name}).one_or_none()
+    else:
+        row = engine_or_conn.execute(_GET_SETTINGS, {"w": worker_name}).one_or_none()
+    return _row_json(row) if row is not None else None
 
 
 def all_settings(engine_or_conn: Engine | Connection) -> dict[str, dict[str, Any]]:

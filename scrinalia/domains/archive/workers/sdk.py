@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from scrinalia.db.errors import classify_database_error, describe_database_error
@@ -46,6 +46,7 @@ from scrinalia.domains.archive.ledger import (
     register_batch_fence,
     validate_request,
 )
+from scrinalia.domains.archive.queries import QUERIES
 from scrinalia.domains.archive.worker_settings import get_settings
 
 T = TypeVar("T")
@@ -393,12 +394,7 @@ class DatabaseLayer:
     llm_check_rule: Mapping[str, Any] | None = None
 
 
-_LLM_CHECK_RULE = text(
-    """
-    SELECT id, name, engine_name, engine_options, prompt, field, updated_at
-      FROM archive_cleaning_rules WHERE kind = 'LLM_CHECK' AND active
-    """
-)
+_LLM_CHECK_RULE = QUERIES["llm_check_rule"].text()
 
 
 def load_persisted(engine: Engine | None, worker_name: str) -> PersistedSettings:
@@ -467,7 +463,7 @@ class WorkerSpec:
     engines: Mapping[str, EngineSpec] = field(default_factory=dict)
     default_engine: str | None = None
     queue: Any = None  # a StampQueue (scrinalia.domains.archive.stamps) for document workers
-    resolver: Callable[..., ResolvedConfig] | None = None
+    resolver: Callable[..., ResolvedConfig] | None = None  # (spec, engine, request, layer) -> ResolvedConfig
 
     def __post_init__(self) -> None:
         if self.engine_source not in ENGINE_SOURCES:
@@ -495,12 +491,14 @@ class WorkerSpec:
                 layer: DatabaseLayer | None = None) -> ResolvedConfig:
         """Re-resolve the request against persisted settings and defaults (explicit > persisted > default).
 
-        ``engine`` is the database (None: no persisted layer, used by offline validation). ``layer``: the
-        database's part already read (``DatabaseLayer``), for the default resolver; a custom resolver
-        reads what it needs itself. Raises a ``WorkerConfigError`` subclass that names the offending field.
+        ``engine`` is the database (None: no persisted layer, used by offline validation, or the runner's
+        claim, which reads the layer through its ledger port). ``layer``: the database's part already read
+        (``DatabaseLayer``). A custom resolver is called ``resolver(spec, engine, request, layer)`` and
+        reads the layer when one is given (decision 0351). Raises a ``WorkerConfigError`` subclass that
+        names the offending field.
         """
         if self.resolver is not None:
-            return self.resolver(self, engine, request)
+            return self.resolver(self, engine, request, layer)
         return resolve_config(self, engine, request, layer=layer)
 
     def get_engine(self, config: ResolvedConfig) -> Any:
