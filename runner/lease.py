@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from runner.drain import Drain
@@ -26,6 +26,7 @@ from runner.ports import Clock
 from runner.run_state import RunPhase
 from runner.tending import Children, Effects, Sampler
 from runner.timings import PROGRESS_INTERVAL, Timings
+from runner.warm_models import registry_view
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -97,7 +98,8 @@ class Heartbeat:
     name = "heartbeat"
 
     def __init__(self, clock: Clock, timings: Timings, db: LedgerLink, runner_id: uuid.UUID, lease: Lease,
-                 children: Children, effects: Effects, finisher: Finisher, drain: Drain, sampler: Sampler) -> None:
+                 children: Children, effects: Effects, finisher: Finisher, drain: Drain, sampler: Sampler,
+                 warm: Callable[[], Any] | None = None) -> None:
         self.clock = clock
         self.timings = timings
         self.db = db
@@ -110,6 +112,8 @@ class Heartbeat:
         self.sampler = sampler
         self.next_at = 0.0
         self.last_children: list[dict[str, Any]] | None = None  # the registry's snapshot, as last written
+        self.warm = warm  # the launcher's warm models now (decision 0381); None: it keeps none
+        self.last_warm: dict[str, Any] | None = None  # as last written
 
     def run(self) -> None:
         if self.clock.monotonic() >= self.next_at:
@@ -125,16 +129,19 @@ class Heartbeat:
         sent = self.clock.monotonic()
         self.sampler.sample()
         progress, snapshot = self._payload(sent)
+        warm = registry_view(self.warm()) if self.warm is not None else None
         try:
             # An unchanged snapshot (an idle runner's []) is not sent: the row keeps the one it has.
             beat = self.db.call(
                 "heartbeat", self.db.ledger.heartbeat, self.runner_id, self.timings.lease,
                 progress=progress, children=None if snapshot == self.last_children else snapshot,
+                warm=None if warm == self.last_warm else warm,
             )
         except DatabaseDown:
             self.next_at = sent + self.timings.heartbeat_retry
             return
         self.last_children = snapshot
+        self.last_warm = warm
         self.next_at = sent + self.timings.heartbeat
         self.lease.renewed(sent, (beat.lease_expires_at - beat.db_now).total_seconds())
         if not beat.registry_renewed:

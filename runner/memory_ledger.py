@@ -719,6 +719,7 @@ class InMemoryLedger:
         *,
         progress: Mapping[Any, Mapping[str, Any]] | None = None,
         children: Sequence[Mapping[str, Any]] | None = None,
+        warm: Mapping[str, Any] | None = None,
     ) -> HeartbeatResult:
         with self._statement("heartbeat"):
             db = self.db
@@ -732,6 +733,8 @@ class InMemoryLedger:
                 registry["last_heartbeat_at"] = now
                 if children is not None:
                     registry["children"] = _jsonb(children)
+                if warm is not None:
+                    registry["warm"] = _jsonb(warm)
             held: dict[uuid.UUID, datetime | None] = {}
             for row in rows:
                 row["heartbeat_at"], row["lease_expires_at"] = now, until
@@ -867,7 +870,7 @@ class InMemoryLedger:
             row: dict[str, Any] = dict.fromkeys(_RUNNER_FIELDS)
             row.update({f.name: getattr(registration, f.name) for f in fields(RunnerRegistration)})
             row.update(capabilities=list(registration.capabilities), devices=_jsonb(registration.devices),
-                       sees=_jsonb(registration.sees), children=[], started_at=now, last_heartbeat_at=now)
+                       sees=_jsonb(registration.sees), children=[], warm={}, started_at=now, last_heartbeat_at=now)
             db.runners[registration.runner_id] = row
 
     def stop(self, runner_id: uuid.UUID) -> bool:

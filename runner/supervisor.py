@@ -138,7 +138,8 @@ class Supervisor:
         self.exits = Exits(clock, children, self.launcher, self.effects, self.drain)
         self.deadlines = Deadlines(clock, children, self.effects, self.processes, timings, self.drain)
         self.heartbeat = Heartbeat(clock, timings, self.db, runner_id, self.lease, children, self.effects,
-                                   self.finisher, self.drain, self.sampler)
+                                   self.finisher, self.drain, self.sampler,
+                                   warm=lambda: getattr(self.launcher, "warm_info", None))  # decision 0381
         self.starts = Starts(clock, timings, self.db, runner_id, self.launcher, self.processes, self.finisher,
                              children, self.lease, self.drain, self.services, setup, engine)
         self.poll = Poll(clock, timings, self.db, runner_id, self.capabilities, self.options.concurrency,
