@@ -63,6 +63,7 @@ def signal_name(sig: int) -> str:
 class Launcher(Protocol):
     name: str
     child_preload: tuple[str, ...]  # what a child imports itself before it runs (the assignment's "preload")
+    warm_info: dict[str, Any]  # the warm models the launcher holds, as the heartbeat reports them (decision 0381)
 
     def start(self, wait: bool = True) -> None: ...
 
@@ -104,6 +105,7 @@ class SpawnLauncher:
         self.preload = preload
         self.child_preload = preload  # a spawned child imports these itself (what a real worker would)
         self.env = env
+        self.warm_info: dict[str, Any] = {}  # a fresh interpreter per child: nothing is kept warm
         self._children: dict[int, tuple[subprocess.Popen, int | None]] = {}
 
     def start(self, wait: bool = True) -> None:

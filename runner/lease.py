@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from runner.drain import Drain
@@ -28,6 +28,7 @@ from runner.ports import Clock
 from runner.run_state import RunPhase
 from runner.tending import Children, Effects, Sampler
 from runner.timings import PROGRESS_INTERVAL, Timings
+from runner.warm_models import registry_view
 
 log = logging.getLogger("scrinalia.runner")
 
@@ -118,6 +119,7 @@ class HeartbeatConfig:
 
     runner_id: uuid.UUID
     timings: Timings
+    warm: Callable[[], dict[str, Any]] = field(default=dict)  # the launcher's warm models now (decision 0381)
 
 
 class Heartbeat:
@@ -138,6 +140,8 @@ class Heartbeat:
         self.sampler = sampler
         self.next_at = 0.0
         self.last_children: list[dict[str, Any]] | None = None  # the registry's snapshot, as last written
+        self.warm = config.warm
+        self.last_warm: dict[str, Any] | None = None  # as last written
 
     def run(self) -> None:
         if self.clock.monotonic() >= self.next_at:
@@ -153,16 +157,19 @@ class Heartbeat:
         sent = self.clock.monotonic()
         self.sampler.sample()
         progress, snapshot = self._payload(sent)
+        warm = registry_view(self.warm())
         try:
             # An unchanged snapshot (an idle runner's []) is not sent: the row keeps the one it has.
             beat = self.db.call(
                 "heartbeat", self.db.ledger.heartbeat, self.runner_id, self.timings.lease,
                 progress=progress, children=None if snapshot == self.last_children else snapshot,
+                warm=None if warm == self.last_warm else warm,
             )
         except DatabaseDown:
             self.next_at = sent + self.timings.heartbeat_retry
             return
         self.last_children = snapshot
+        self.last_warm = warm
         self.next_at = sent + self.timings.heartbeat
         self.lease.renewed(sent, (beat.lease_expires_at - beat.db_now).total_seconds())
         if not beat.registry_renewed:

@@ -109,6 +109,7 @@ class LedgerPort(Protocol):
         *,
         progress: Mapping[Any, Mapping[str, Any]] | None = None,
         children: Sequence[Mapping[str, Any]] | None = None,
+        warm: Mapping[str, Any] | None = None,
     ) -> HeartbeatResult:
         """The registry row and every RUNNING row of this runner renewed; what it holds, with the cancel
         requests, the drain request and the database's now."""

@@ -84,8 +84,10 @@ class PostgresLedger:
         *,
         progress: Mapping[Any, Mapping[str, Any]] | None = None,
         children: Sequence[Mapping[str, Any]] | None = None,
+        warm: Mapping[str, Any] | None = None,
     ) -> HeartbeatResult:
-        return ledger.heartbeat(self.engine, runner_id, lease_seconds, progress=progress, children=children)
+        return ledger.heartbeat(self.engine, runner_id, lease_seconds, progress=progress, children=children,
+                               warm=warm)
 
     def record_progress(self, runner_id: uuid.UUID, progress: Mapping[Any, Mapping[str, Any]]) -> int:
         return ledger.record_progress(self.engine, runner_id, progress)

@@ -117,8 +117,8 @@ class Supervisor:
         effects = Effects(clock, children, host.processes, self.finisher, timings, conversation, self.requests)
         sampler = Sampler(children, host.processes, services.gpu)
         self.fence = Fence(lease, children, effects)
-        self.heartbeat = Heartbeat(clock, HeartbeatConfig(runner_id, timings), self.db, lease, children, effects,
-                                   self.drain, sampler)
+        beat = HeartbeatConfig(runner_id, timings, warm=lambda: self.launcher.warm_info)  # decision 0381
+        self.heartbeat = Heartbeat(clock, beat, self.db, lease, children, effects, self.drain, sampler)
         self.starts = Starts(host, StartsConfig(runner_id, timings, setup, services.devices), self.db,
                              self.launcher, self.finisher, children, lease, self.drain)
         self.poll = Poll(clock, PollConfig(runner_id, self.capabilities, self.options.concurrency, timings,

@@ -75,3 +75,14 @@ def _auto(options: RunnerOptions, catalogue: Any, capabilities: list[str]) -> Wa
     if bundled is None or not (bundled / "config.json").is_file():
         return ()
     return ((_key((str(bundled), "float32")), workers),)
+
+
+def registry_view(info: Any) -> dict[str, Any] | None:
+    """What the heartbeat writes into the registry row (``warm``, decision 0381) from the launcher's warm
+    models (``ForkServerLauncher.warm_info``): each model's class, directory, dtype, bytes and workers,
+    the total and the limit. None: the launcher keeps no warm models (plain spawn), nothing is written."""
+    if not isinstance(info, dict) or not info:
+        return None
+    models = [{k: m.get(k) for k in ("model_class", "model_dir", "dtype", "bytes", "workers")}
+              for m in info.get("models") or [] if isinstance(m, dict)]
+    return {"models": models, "bytes": int(info.get("bytes") or 0), "limit_bytes": int(info.get("limit_bytes") or 0)}

@@ -214,6 +214,7 @@ class InMemoryLedger:
         *,
         progress: Mapping[Any, Mapping[str, Any]] | None = None,
         children: Sequence[Mapping[str, Any]] | None = None,
+        warm: Mapping[str, Any] | None = None,
     ) -> HeartbeatResult:
         with self._statement("heartbeat"):
             db = self.db
@@ -222,7 +223,7 @@ class InMemoryLedger:
             if self._wait_for("heartbeat", rows, now):
                 rows = [r for r in rows if r["status"] == "RUNNING" and r["runner_id"] == runner_id]
             until = now + seconds(lease_seconds)
-            registry = self._renew_registry(runner_id, now, children)
+            registry = self._renew_registry(runner_id, now, children, warm)
             held: dict[uuid.UUID, datetime | None] = {}
             for row in rows:
                 row["heartbeat_at"], row["lease_expires_at"] = now, until
@@ -235,14 +236,17 @@ class InMemoryLedger:
                 db_now=now, lease_expires_at=until,
             )
 
-    def _renew_registry(self, runner_id: uuid.UUID, now: datetime,
-                        children: Sequence[Mapping[str, Any]] | None) -> dict[str, Any] | None:
-        """The heartbeat's registry part: ``last_heartbeat_at``, and the children's snapshot when sent."""
+    def _renew_registry(self, runner_id: uuid.UUID, now: datetime, children: Sequence[Mapping[str, Any]] | None,
+                        warm: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The heartbeat's registry part: ``last_heartbeat_at``, and the children's snapshot and the warm
+        models when sent."""
         registry = self.db.runners.get(runner_id)
         if registry is not None:
             registry["last_heartbeat_at"] = now
             if children is not None:
                 registry["children"] = jsonb(children)
+            if warm is not None:
+                registry["warm"] = jsonb(warm)
         return registry
 
     def _beat_progress(self, progress: Mapping[Any, Mapping[str, Any]], held: Mapping[uuid.UUID, Any]) -> None:
@@ -383,7 +387,8 @@ class InMemoryLedger:
             row: dict[str, Any] = dict.fromkeys(_RUNNER_FIELDS)
             row.update({f.name: getattr(registration, f.name) for f in fields(RunnerRegistration)})
             row.update(capabilities=list(registration.capabilities), devices=jsonb(registration.devices),
-                       sees=jsonb(registration.sees), children=[], started_at=now, last_heartbeat_at=now)
+                       sees=jsonb(registration.sees), children=[], warm={}, started_at=now,
+                       last_heartbeat_at=now)
             db.runners[registration.runner_id] = row
 
     @statement("stop")

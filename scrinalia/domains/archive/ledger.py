@@ -375,19 +375,22 @@ def heartbeat(
     *,
     progress: Mapping[Any, Mapping[str, Any]] | None = None,
     children: Sequence[Mapping[str, Any]] | None = None,
+    warm: Mapping[str, Any] | None = None,
 ) -> HeartbeatResult:
     """Renew the registry row and every RUNNING row of this runner in one statement.
 
     ``progress`` maps run ids to their latest progress; ``children`` is the registry's snapshot (None:
-    unchanged). The cost is one statement per tick whatever the concurrency. An unchanged snapshot is
-    not rewritten: the row keeps its value (a TOASTed one keeps its chunks), and with no index on the
-    columns a beat changes the registry update is HOT (decision 0072).
+    unchanged); ``warm`` the fork server's warm models (None: unchanged; decision 0381). The cost is one
+    statement per tick whatever the concurrency. An unchanged snapshot is not rewritten: the row keeps
+    its value (a TOASTed one keeps its chunks), and with no index on the columns a beat changes the
+    registry update is HOT (decision 0072).
     """
     params = {
         "runner_id": runner_id,
         "lease_seconds": float(lease_seconds),
         "progress": _json({str(k): v for k, v in (progress or {}).items()}),
         "children": _json(children),
+        "warm": _json(warm),
     }
     with one_statement(engine) as conn:
         rows = conn.execute(_HEARTBEAT, params).all()

@@ -93,7 +93,8 @@ WITH registry AS (
        SET last_heartbeat_at = now(),
            children = CASE WHEN CAST(:children AS jsonb) IS DISTINCT FROM children
                             AND CAST(:children AS jsonb) IS NOT NULL
-                           THEN CAST(:children AS jsonb) ELSE children END
+                           THEN CAST(:children AS jsonb) ELSE children END,
+           warm = COALESCE(CAST(:warm AS jsonb), warm)
      WHERE runner_id = :runner_id
     RETURNING drain_requested_at
 ), runs AS (

@@ -57,6 +57,7 @@ class RunnerRow:
     devices: list[dict[str, Any]]
     children: list[dict[str, Any]]
     sees: dict[str, Any]
+    warm: dict[str, Any]  # the fork server's warm models, as the heartbeat last wrote them (decision 0381)
     started_at: datetime
     last_heartbeat_at: datetime
     stopped_at: datetime | None
