@@ -178,3 +178,59 @@ def test_a_repeatable_read_session_shows_as_the_oldest_xmin_holder(engine, clien
         assert horizon["age_seconds"] >= held and horizon["age_xids"] >= 3
         assert "analyst-session" in horizon["text"] and "idle in transaction" in horizon["text"]
         holder.rollback()
+
+
+def test_a_scrape_whose_fold_cannot_write_still_counts_from_the_watermark(engine, database_url):
+    """A session that may not write (default_transaction_read_only, a statement timeout) loses the fold,
+    not the scrape: the counters are read from the watermark all the same."""
+    from scrinalia.db.engine import create_engine_from_url
+
+    runner = register_runner(engine, ["alpha"], lease=60)
+    _end_runs(engine, runner, "alpha")
+    _backdate(engine, 30)
+    read_only = create_engine_from_url(database_url, connect_args={"options": "-c default_transaction_read_only=on"})
+    try:
+        _assert_counters_are_the_ledgers(engine, _scrape(read_only))
+    finally:
+        read_only.dispose()
+    assert _totals_table(engine) == {}, "nothing was folded"
+
+
+def test_the_upgrade_to_0018_and_back_keeps_every_total(empty_database_url):
+    """Runs ended under 0017's trigger, some within the fold's margin: after the upgrade the totals now
+    (folded + since the watermark) are the trigger's; runs ended after it are counted; the downgrade
+    puts the trigger back with the totals complete."""
+    from scrinalia.db import migrate
+    from scrinalia.db.engine import create_engine_from_url
+
+    migrate.upgrade(empty_database_url, "0017")
+    engine = create_engine_from_url(empty_database_url)
+    try:
+        runner = register_runner(engine, ["alpha", "beta"], lease=60)
+        _end_runs(engine, runner, "alpha")
+        with engine.begin() as conn:  # two of them ended long ago: behind the first watermark
+            conn.execute(text("UPDATE archive_worker_runs SET finished_at = finished_at - interval '1 hour' "
+                              "WHERE status IN ('SUCCESS', 'FAILED')"))
+        _end_runs(engine, runner, "beta")
+
+        def totals(source: str) -> dict[tuple[str, str], tuple[int, int, list[int]]]:
+            with engine.connect() as conn:
+                return {(r.worker_name, r.status): (r.runs, r.timed, list(r.duration_buckets)) for r in conn.execute(
+                    text(f"SELECT worker_name, status::text AS status, runs, timed, duration_buckets FROM {source}"))}
+
+        before = totals("archive_run_totals")
+        assert sum(v[0] for v in before.values()) == 8
+        engine.dispose()
+        migrate.upgrade(empty_database_url)
+        assert totals("archive_run_totals_now()") == before
+        _end_runs(engine, runner, "alpha")
+        _assert_counters_are_the_ledgers(engine, _scrape(engine))
+        after = totals("archive_run_totals_now()")
+        assert sum(v[0] for v in after.values()) == 12
+        engine.dispose()
+        migrate.downgrade(empty_database_url, "0017")
+        assert totals("archive_run_totals") == after  # the trigger's table, complete again
+        _end_runs(engine, runner, "beta")  # and the trigger counts again
+        assert sum(v[0] for v in totals("archive_run_totals").values()) == 16
+    finally:
+        engine.dispose()
