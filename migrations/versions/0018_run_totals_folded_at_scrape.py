@@ -65,6 +65,8 @@ def upgrade() -> None:
             RETURNS TABLE (worker_name varchar, status worker_run_status, runs bigint, timed bigint,
                            duration_seconds_sum double precision, duration_buckets bigint[])
             LANGUAGE sql STABLE
+            ROWS 64
+            SET jit = off
             SET search_path = pg_catalog, {s}, pg_temp
             AS $$
         WITH RECURSIVE workers(name) AS (
@@ -102,6 +104,8 @@ def upgrade() -> None:
             RETURNS TABLE (worker_name varchar, status worker_run_status, runs bigint, timed bigint,
                            duration_seconds_sum double precision, duration_buckets bigint[])
             LANGUAGE sql STABLE
+            ROWS 64
+            SET jit = off
             SET search_path = pg_catalog, {s}, pg_temp
             AS $$
         WITH parts AS (
@@ -142,6 +146,7 @@ def upgrade() -> None:
                                                     margin_s double precision DEFAULT {MARGIN_S})
             RETURNS timestamptz
             LANGUAGE plpgsql SECURITY DEFINER
+            SET jit = off
             SET search_path = pg_catalog, {s}, pg_temp
             AS $$
         DECLARE
