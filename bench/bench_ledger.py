@@ -95,6 +95,42 @@ def cycles(engine, runner_id: uuid.UUID, samples: int, cost: ServerCost, after_c
     return out
 
 
+#: Migration 0016's totals trigger, which migration 0018 dropped (its function is kept until the contract
+#: step): re-created for the "before" windows of ``--before-after``.
+TOTALS_TRIGGER_0016 = text(
+    "CREATE TRIGGER trg_archive_run_totals AFTER UPDATE OF status ON archive_worker_runs FOR EACH ROW "
+    "WHEN (OLD.status IN ('QUEUED', 'RUNNING') AND NEW.status NOT IN ('QUEUED', 'RUNNING')) "
+    "EXECUTE FUNCTION archive_run_totals_add()")
+
+
+def before_after(engine, runner_id: uuid.UUID, samples: int, cost: ServerCost, rounds: int) -> dict:
+    """Steady windows (no checkpoint before them) with 0016's per-finish totals trigger ("0017") and without
+    it ("0018": the totals folded at the scrape), alternated A B B A ... in one run, so each sees the same
+    load and the same state of the hot pages; the median of each side's windows."""
+    sides: dict[str, list[int]] = {"0017": [], "0018": []}
+    cycles(engine, runner_id, samples, cost, after_checkpoint=False)  # warm-up, discarded
+    for r in range(rounds):
+        order = ("0017", "0018") if r % 2 == 0 else ("0018", "0017")
+        for side in order:
+            with engine.begin() as conn:
+                conn.execute(text("DROP TRIGGER IF EXISTS trg_archive_run_totals ON archive_worker_runs"))
+                if side == "0017":
+                    conn.execute(TOTALS_TRIGGER_0016)
+            sides[side].append(cycles(engine, runner_id, samples, cost, after_checkpoint=False)["wal_bytes_per_cycle"])
+    with engine.begin() as conn:
+        conn.execute(text("DROP TRIGGER IF EXISTS trg_archive_run_totals ON archive_worker_runs"))
+    # What a scrape's fold writes instead: the runs ended before its horizon into a few totals rows.
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("UPDATE archive_run_totals_watermark SET folded_before = folded_before - interval '1 day'"))
+        before = conn.execute(text("SELECT pg_current_wal_insert_lsn()")).scalar_one()
+        conn.execute(text("SELECT archive_run_totals_fold()"))
+        fold_wal = conn.execute(text("SELECT pg_current_wal_insert_lsn() - CAST(:b AS pg_lsn)"),
+                                {"b": before}).scalar_one()
+    return {"window": f"steady, {rounds} rounds alternated",
+            **{f"wal_bytes_per_cycle_{k}": sorted(v)[len(v) // 2] for k, v in sides.items()},
+            **{f"windows_{k}": v for k, v in sides.items()}, "one_fold_wal_bytes": int(fold_wal)}
+
+
 def claim_buffers(engine, runner_id: uuid.UUID) -> int:
     """Shared buffers one claim touches (EXPLAIN ANALYZE BUFFERS, rolled back): the statement's work,
     which the machine's other jobs cannot inflate the way they inflate its latency."""
@@ -154,6 +190,9 @@ def main() -> None:
     parser.add_argument("--peer-python", default=None,
                         help="a Python with procrastinate installed (a separate venv under /tmp): the same "
                              "cycle through Procrastinate in a database of the same cluster, same history")
+    parser.add_argument("--before-after", type=int, default=0, metavar="ROUNDS",
+                        help="at the largest size, ROUNDS pairs of steady windows with and without migration "
+                             "0016's per-finish totals trigger, alternated (decision 0370)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     results = []
@@ -179,6 +218,9 @@ def main() -> None:
             steady = cycles(engine, runner_id, args.samples, cost, after_checkpoint=False)
             print(json.dumps({"history_rows": size, "window": "steady (no checkpoint before it)",
                               **{k: v for k, v in steady.items() if k != "top_statements"}}), flush=True)
+        if args.before_after:
+            print(json.dumps({"history_rows": have, **before_after(engine, runner_id, args.samples, cost,
+                                                                   args.before_after)}), flush=True)
         # The same cycle with the old default (random UUIDv4 run ids), same database, same size.
         with engine.begin() as conn:
             conn.execute(text("ALTER TABLE archive_worker_runs ALTER COLUMN run_id SET DEFAULT gen_random_uuid()"))

@@ -4,8 +4,9 @@ Seeds the ledger of bench_api (1,000,000 finished runs, 100 runners, a few docum
 history into ``archive_run_totals`` as migration 0016 does, adds a schedule per worker with its scheduled
 history, then times, on the real app in-process (ASGI, bearer session): GET /metrics (p50/p95, the
 notification probe included), the collector without the probe, and the scheduler's quarantine statement.
-Last, the cost of the totals' trigger on the ending statement: WAL bytes and time per finish of a
-claim + finish cycle, with the trigger enabled and disabled, interleaved in blocks. Run:
+Last, the cost of migration 0016's totals trigger on the ending statement (dropped by 0018, decision 0370:
+re-created for the "on" blocks): WAL bytes and time per finish of a claim + finish cycle, with the trigger
+and without, interleaved in blocks. Run:
     .venv/bin/python bench/bench_metrics.py [--runs 1000000] [--samples 100] [--finishes 500]
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sqlalchemy import text
 
 from bench._pg import bench_database, percentile
 from bench.bench_api import SEED_RUNNERS, SEED_RUNS, login
+from bench.bench_ledger import TOTALS_TRIGGER_0016
 from scrinalia.db.engine import create_engine_from_url
 
 WORKERS = ("embedding", "ner", "typology", "quality-validator", "cleaning", "gpu-probe")
@@ -95,9 +97,10 @@ def time_finishes(engine, n: int) -> dict[str, dict[str, float]]:
     diff = text("SELECT pg_wal_lsn_diff(:b, :a)")
     for block in range(max(2, n // 50)):
         label = "trigger on" if block % 2 == 0 else "trigger off"
-        with engine.begin() as conn:
-            conn.execute(text(f"ALTER TABLE archive_worker_runs {'ENABLE' if label == 'trigger on' else 'DISABLE'} "
-                              "TRIGGER trg_archive_run_totals"))
+        with engine.begin() as conn:  # migration 0018 dropped it (decision 0370): re-created for the "on" blocks
+            conn.execute(text("DROP TRIGGER IF EXISTS trg_archive_run_totals ON archive_worker_runs"))
+            if label == "trigger on":
+                conn.execute(TOTALS_TRIGGER_0016)
         for _ in range(50):
             ledger.enqueue(engine, "bench-finish", {})
             run = ledger.claim_next(engine, runner, ["bench-finish"], 60)
@@ -113,7 +116,7 @@ def time_finishes(engine, n: int) -> dict[str, dict[str, float]]:
             results[label]["wal"] += float(wal)
             results[label]["n"] += 1
     with engine.begin() as conn:
-        conn.execute(text("ALTER TABLE archive_worker_runs ENABLE TRIGGER trg_archive_run_totals"))
+        conn.execute(text("DROP TRIGGER IF EXISTS trg_archive_run_totals ON archive_worker_runs"))
     return {k: {"finish_ms_mean": round(v["ms"] / v["n"], 3), "wal_bytes_per_finish": round(v["wal"] / v["n"], 1),
                 "finishes": v["n"]} for k, v in results.items()}
 

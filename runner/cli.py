@@ -185,13 +185,32 @@ def status_command(as_json: bool, all_runners: bool, socket_path: Path | None, n
         return
     if all_runners:
         rows = _registry_rows()
-        click.echo(status.dumps([status.runner_row_json(r) for r in rows]) if as_json else status.render_registry(rows))
+        if as_json:
+            click.echo(status.dumps([status.runner_row_json(r) for r in rows]))
+        else:
+            click.echo(status.render_registry(rows) + "\n" + _horizon_line())
         return
     answers = _local_answers(socket_path, name)
     if as_json:
         click.echo(status.dumps(answers))
     else:
-        click.echo("\n\n".join(status.render_status(a) for a in answers))
+        click.echo("\n\n".join(status.render_status(a) for a in answers) + "\n" + _horizon_line())
+
+
+def _horizon_line() -> str:
+    """The oldest holder of the database's xmin horizon, read now (decision 0371): why the ledger grows."""
+    from scrinalia.db import xmin_horizon
+    from scrinalia.db.engine import one_statement
+    from scrinalia.db.errors import database_errors, database_problem
+
+    engine = _status_engine()
+    try:
+        with one_statement(engine) as conn:
+            return "database horizon: " + xmin_horizon.describe(xmin_horizon.oldest_xmin(conn))
+    except database_errors() as exc:  # one line, never a traceback
+        return f"database horizon: unknown ({database_problem(exc)})"
+    finally:
+        engine.dispose()
 
 
 def _watch(all_runners: bool, socket_path: Path | None, name: str | None, interval: float) -> None:

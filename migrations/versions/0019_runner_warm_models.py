@@ -1,7 +1,7 @@
 """What a runner's fork server keeps warm: archive_worker_runners.warm (issue 29, decision 0381).
 
 Revision ID: 0019
-Revises: 0017
+Revises: 0018
 Create Date: 2026-12-05
 
 The fork server's warm models (decision 0340) live on the runner's host, which the API cannot see; the
@@ -14,7 +14,7 @@ of ``scrinalia db runner-role``) may update this column too, so no grant needs t
 from alembic import op
 
 revision = "0019"
-down_revision = "0017"
+down_revision = "0018"
 branch_labels = None
 depends_on = None
 

@@ -3,8 +3,11 @@
 Every figure but one comes from the database (decision 0035), so whichever of the API's processes
 answers a scrape, the answer is the same: the collector runs its reads on one connection when the
 registry is collected, and keeps nothing between scrapes. The finished-run counters and the duration
-histogram are kept by the database itself (``archive_run_totals``, migration 0016, decision 0166), so a
-scrape reads a few dozen rows whatever the history.
+histogram are kept by the database itself: ``archive_run_totals`` (migration 0016, decision 0166) holds
+the runs ended before a watermark, and each scrape first folds the runs ended since (up to a safe horizon,
+bounded) into it, then reads the totals plus the runs of the last minutes (``archive_run_totals_now()``,
+migration 0018, decision 0370): a scrape reads a few dozen rows and the recent runs whatever the history,
+and a finish writes nothing for it.
 
 The exception is ``scrinalia_events_dropped_total``: the events the panel's relay of THIS process
 dropped (a client too slow for its queue). It is process-local by nature; Prometheus sums it over the
@@ -39,8 +42,9 @@ from sqlalchemy import Connection, Engine, text
 
 from scrinalia import __version__
 from scrinalia.api import catalogue_view
-from scrinalia.db import migrate
+from scrinalia.db import migrate, xmin_horizon
 from scrinalia.db.engine import one_statement
+from scrinalia.db.errors import database_errors
 from scrinalia.domains.archive import registry
 from scrinalia.domains.archive.ledger_events import DROP_REASONS
 from scrinalia.domains.archive.workers.sdk import WorkerSpec
@@ -97,10 +101,12 @@ _RUNNING_PER_RUNNER = text(
     "SELECT runner_id, count(*) AS n FROM archive_worker_runs WHERE status = 'RUNNING' AND runner_id IS NOT NULL "
     "GROUP BY runner_id"
 )
+_FOLD = text("SELECT archive_run_totals_fold()")
 _TOTALS = text(
     "SELECT worker_name, status::text AS status, runs, timed, duration_seconds_sum, duration_buckets, "
-    "       archive_run_duration_bounds() AS bounds FROM archive_run_totals ORDER BY worker_name, status"
+    "       archive_run_duration_bounds() AS bounds FROM archive_run_totals_now() ORDER BY worker_name, status"
 )
+
 _BOUNDS = text("SELECT archive_run_duration_bounds()")
 _QUEUE_USAGE = text("SELECT pg_notification_queue_usage()")
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
@@ -165,6 +171,7 @@ class LedgerCollector(Collector):
             yield from _runner_metrics(conn)
             yield from _totals(conn, self.catalogue)
             yield from _schedule_metrics(conn)
+            yield from _xmin_metrics(conn)
             yield from self._units(conn)
             usage = conn.execute(_QUEUE_USAGE).scalar_one()
         queue = GaugeMetricFamily("scrinalia_notification_queue_usage_ratio",
@@ -284,6 +291,10 @@ def _totals(conn: Connection, catalogue: dict[str, WorkerSpec]) -> Iterator[Metr
                                    labels=["worker", "status"])
     runs: dict[tuple[str, str], float] = {(w, s): 0 for w in catalogue for s in FINAL_STATUSES}
     bounds = list(conn.execute(_BOUNDS).scalar_one())
+    try:  # its own transaction (autocommit): the runs ended before its horizon, bounded
+        conn.execute(_FOLD)
+    except database_errors() as exc:  # a read-only session, a timeout: the read below is exact all the same
+        log.warning("metrics: the run totals' fold failed (%s); counted from the watermark", type(exc).__name__)
     per_worker: dict[str, dict[str, Any]] = {
         w: {"count": 0, "sum": 0.0, "buckets": [0] * len(bounds), "bounds": bounds} for w in catalogue}
     for row in conn.execute(_TOTALS).all():
@@ -314,6 +325,20 @@ def _schedule_metrics(conn: Connection) -> Iterator[Metric]:
         quarantined.add_metric([s.worker_name, str(s.id)], 1 if s.quarantined else 0)
         enabled.add_metric([s.worker_name, str(s.id)], 1 if s.enabled else 0)
     yield from (quarantined, enabled)
+
+
+def _xmin_metrics(conn: Connection) -> Iterator[Metric]:
+    """The oldest holder of the xmin horizon (decision 0371): 0 when none, from the first scrape."""
+    holder = xmin_horizon.oldest_xmin(conn)
+    seconds = GaugeMetricFamily("scrinalia_oldest_xmin_age_seconds", "Seconds since the oldest holder of the "
+                                "database's xmin horizon began (a session's transaction, a prepared transaction; "
+                                "0: none, or a replication slot, see the _transactions gauge): while it holds, "
+                                "VACUUM keeps every dead row version and the ledger's hot tables grow.")
+    seconds.add_metric([], float(holder.age_seconds or 0.0) if holder is not None else 0.0)
+    xids = GaugeMetricFamily("scrinalia_oldest_xmin_age_transactions", "Transactions since the oldest xmin any "
+                             "session, prepared transaction or replication slot holds (0: none).")
+    xids.add_metric([], float(holder.age_xids) if holder is not None else 0.0)
+    yield from (seconds, xids)
 
 
 def _probe_metrics(engine: Engine) -> Iterator[Metric]:

@@ -313,8 +313,24 @@ class RunnerOut(Open):
     drain_requested_at: str | None
 
 
+class XminHorizonOut(BaseModel):
+    """The oldest holder of the database's xmin horizon (decision 0371): while it holds, VACUUM keeps the
+    dead row versions of the ledger's hot tables."""
+
+    kind: Literal["session", "prepared", "slot"]
+    age_seconds: float | None
+    age_xids: int
+    pid: int | None
+    application_name: str | None
+    state: str | None
+    holder: str
+    text: str
+
+
 class RunnersOut(BaseModel):
     runners: list[RunnerOut]
+    xmin_horizon: XminHorizonOut | None = Field(
+        default=None, description="The oldest holder of the xmin horizon now; null when none holds one.")
 
 
 class FailureGroupOut(BaseModel):

@@ -20,6 +20,7 @@ from sqlalchemy.dialects.postgresql import UUID
 
 from scrinalia import __version__
 from scrinalia.api import catalogue_view
+from scrinalia.db import xmin_horizon
 from scrinalia.db.engine import one_statement
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.ledger import RUN_COLUMNS, WorkerRun
@@ -130,6 +131,13 @@ def runners_view(engine: Engine | Connection, *, stopped_within_hours: int = 24,
         data["version_mismatch"] = row.package_version != version
         out.append(data)
     return out
+
+
+def xmin_horizon_view(engine: Engine | Connection) -> dict[str, Any] | None:
+    """The oldest holder of the xmin horizon (decision 0371), or None."""
+    with one_statement(engine) as conn:
+        holder = xmin_horizon.oldest_xmin(conn)
+    return holder.to_json() if holder is not None else None
 
 
 def _capable(runners: list[dict[str, Any]], worker: str) -> list[dict[str, Any]]:

@@ -121,7 +121,7 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
 NO_ACCESS = frozenset({
     "auth_users", "auth_sessions", "auth_login_throttle", "auth_devices",
     "archive_worker_schedules", "archive_worker_setting_revisions", "archive_stamp_counts",
-    "archive_worker_run_samples", "archive_run_totals"})
+    "archive_worker_run_samples", "archive_run_totals", "archive_run_totals_watermark"})
 _ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")  # room for the policies' suffixes in 63 characters
 #: What the role must be; ``rolinherit`` is left alone (the role is a member of nothing).
 _ATTRIBUTES = {"rolcanlogin": ("LOGIN", True), "rolsuper": ("NOSUPERUSER", False),

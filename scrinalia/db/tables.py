@@ -331,8 +331,8 @@ archive_worker_run_samples = Table(
 )
 
 # Finished runs per worker and final status, and the histogram of their durations (cumulative counts
-# per bound of archive_run_duration_bounds()), kept by a trigger on the run's end (migration 0016,
-# decision 0166); read by /metrics.
+# per bound of archive_run_duration_bounds()), of the runs that ended before the watermark below (kept by a
+# trigger until migration 0018, folded in by the scrape since: decisions 0166, 0370); read by /metrics.
 archive_run_totals = Table(
     "archive_run_totals",
     metadata,
@@ -342,6 +342,18 @@ archive_run_totals = Table(
     Column("timed", BigInteger, nullable=False, server_default=text("0")),
     Column("duration_seconds_sum", Float, nullable=False, server_default=text("0")),
     Column("duration_buckets", ARRAY(BigInteger), nullable=False),
+)
+
+# The totals count the runs that ended before ``folded_before``; /metrics adds those ended since
+# (``archive_run_totals_now()``) and its scrape folds them in (``archive_run_totals_fold()``, migration
+# 0018, decision 0370). One row.
+archive_run_totals_watermark = Table(
+    "archive_run_totals_watermark",
+    metadata,
+    Column("one", Boolean, primary_key=True, server_default=text("true")),
+    Column("folded_before", TS, nullable=False),
+    Column("folded_at", TS, nullable=False),
+    CheckConstraint("one", name="archive_run_totals_watermark_one_check"),
 )
 
 # --- the archive -----------------------------------------------------------------------------------

@@ -194,7 +194,7 @@ def test_the_totals_start_from_the_history_and_follow_every_end(empty_database_u
         assert len(ledger.expire_leases(engine)) == 1
         with engine.connect() as conn:
             totals = {r.status: (r.runs, r.timed, list(r.duration_buckets)) for r in conn.execute(text(
-                "SELECT status::text AS status, runs, timed, duration_buckets FROM archive_run_totals "
+                "SELECT status::text AS status, runs, timed, duration_buckets FROM archive_run_totals_now() "
                 "WHERE worker_name = 'old'"))}
             bounds = conn.execute(text("SELECT archive_run_duration_bounds()")).scalar_one()
     finally:

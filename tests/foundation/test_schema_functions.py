@@ -16,7 +16,8 @@ from tests.workers.helpers import insert_docs
 
 # A sample argument per type, to call every function of the schema.
 _SAMPLES = {"text": "'x'", "date": "DATE '2001-02-03'", "jsonb": "'{\"ner\": {\"run_id\": \"r\"}}'::jsonb",
-            "document_status": "'DRAFT'"}
+            "document_status": "'DRAFT'", "timestamp with time zone": "now()", "integer": "1",
+            "double precision": "600.0"}
 
 
 def _docs(n: int) -> list[dict]:

@@ -95,6 +95,7 @@ def test_status_shows_the_children_of_a_live_runner_and_json_has_the_documented_
         assert short_id(r.run_id) in text_out.stdout
     assert "/200 units" in text_out.stdout, text_out.stdout  # the plural of the worker's unit
     assert "lease margin" in text_out.stdout and "database ok" in text_out.stdout
+    assert "\ndatabase horizon: " in text_out.stdout  # the oldest xmin holder, read now (decision 0371)
 
     every = _cli(env, "status", "--all", "--json")
     assert every.returncode == 0, every.stderr
@@ -159,3 +160,24 @@ def test_status_finds_the_systemd_runners_socket_and_says_where_it_looked(start_
     assert found.returncode == 0, found.stderr
     (answer,) = json.loads(found.stdout)
     assert answer["pid"] == runner.pid
+
+
+def test_status_names_the_oldest_holder_of_the_xmin_horizon(runner_env, engine):
+    """Decision 0371: a REPEATABLE READ session left open (an analyst's psql) is why the ledger grows;
+    ``status`` names it, with the database's own view of it."""
+    from sqlalchemy import text
+
+    with engine.connect() as holder:
+        holder.execution_options(isolation_level="REPEATABLE READ")
+        holder.execute(text("SET application_name = 'analyst-session'"))
+        holder.execute(text("SELECT count(*) FROM archive_worker_runs"))  # its snapshot holds the xmin
+        pid = holder.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with engine.connect() as other:  # transactions after its snapshot: its xmin is the oldest
+            for _ in range(3):
+                other.execute(text("SELECT pg_current_xact_id()"))
+                other.commit()
+        done = _cli(runner_env, "status", "--all")
+        holder.rollback()
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("database horizon: "))
+    assert f"by pid {pid} (analyst-session, idle in transaction)" in line, line

@@ -23,7 +23,9 @@ _ERR = SYSTEM_ERRORS
 @router.get("/runners", response_model=RunnersOut, responses=_ERR,
             summary="Online, stale and (recently) stopped runners with capabilities, versions and children")
 def list_runners(request: Request, stopped_within_hours: int = Query(default=24, ge=0, le=24 * 365)) -> dict[str, Any]:
-    return {"runners": views.runners_view(ctx(request).engine, stopped_within_hours=stopped_within_hours)}
+    engine = ctx(request).engine
+    return {"runners": views.runners_view(engine, stopped_within_hours=stopped_within_hours),
+            "xmin_horizon": views.xmin_horizon_view(engine)}
 
 
 @router.post(

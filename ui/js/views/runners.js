@@ -17,8 +17,11 @@ export function mount(main, route, ctx) {
   let stoppedOpen = false;
   const list = h('div.grid.wide', { role: 'list', 'aria-label': 'Runners' });
   const summary = h('p');
+  // The oldest holder of the database's xmin horizon (decision 0371): why the ledger's tables grow.
+  const horizon = h('p.small.xmin-horizon', { 'aria-live': 'polite' });
   const errorBox = h('div');
-  main.append(h('div.page-head', h('div', h('h1', 'Runners'), summary)), errorBox, list);
+  main.append(h('div.page-head', h('div', h('h1', 'Runners'), summary, horizon)), errorBox, list);
+  let lastHorizon = null;
   const confirming = new Set();
   let last = [];
   let foldEl = null;
@@ -46,6 +49,7 @@ export function mount(main, route, ctx) {
   async function refresh() {
     const data = await api.get('/system/runners');
     last = items(data, 'runners');
+    lastHorizon = data && data.xmin_horizon ? data.xmin_horizon : null;
     await refreshSlots(last.filter((r) => r.state !== 'stopped' || r.runner_id === wanted));
     render();
     const busy = last.some((r) => (r.children || []).length > 0 && r.state !== 'stopped');
@@ -55,6 +59,7 @@ export function mount(main, route, ctx) {
   function render() {
     const by = (s) => last.filter((r) => (r.state || 'online') === s).length;
     summary.textContent = `${by('online')} online · ${by('stale')} stale · ${by('stopped')} stopped recently`;
+    horizon.textContent = `Database: ${lastHorizon ? lastHorizon.text : 'no transaction holds the xmin horizon back'}`;
     const live = last.filter((r) => r.state !== 'stopped');
     const stopped = last.filter((r) => r.state === 'stopped');
     if (wanted && stopped.some((r) => r.runner_id === wanted)) stoppedOpen = true;

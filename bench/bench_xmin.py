@@ -1,0 +1,169 @@
+"""Table growth per job while a REPEATABLE READ session pins the xmin horizon: the ledger before migration
+0018 (at 0017: the per-finish totals trigger), after it (head), and Procrastinate, side by side in one run.
+
+A private PostgreSQL 15 cluster (``bench/_pg.py``), three databases: one migrated to 0017, one to head, one
+for the peer (``bench/peer_xmin.py`` in its own venv, ``--peer-python``). On each ledger, a registered
+runner (heartbeat 0.5 s, lease 4 s) runs ``--jobs`` jobs one at a time through the runner's own statements:
+enqueue, claim, record_start, ``--beats`` heartbeats (the registry renewed, the run's lease and progress),
+one record_progress, finish; on head a scrape's fold (``archive_run_totals_fold()``) every ``--scrape-every``
+jobs. Before the jobs: ``--warmup`` jobs, VACUUM, the sizes; then a REPEATABLE READ session in that database
+takes its snapshot and stays open (VACUUM can remove no version written after it; the horizon is per
+database), the jobs run, VACUUM, the sizes again. Growth: pg_total_relation_size (heap, indexes, TOAST) of
+the ledger's tables, per job, and per table. Hot rows: the totals (0017: one update per finish), the
+registry row (one per heartbeat), the run's row (claim, start, each beat, the progress, the finish).
+Run: .venv/bin/python bench/bench_xmin.py --peer-python /tmp/peers-venv/bin/python [--jobs 300] [--beats 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from bench._pg import bench_database
+from scrinalia.db import migrate
+from scrinalia.db.engine import create_engine_from_url
+from scrinalia.domains.archive import ledger, registry
+
+TABLES = ("archive_worker_runs", "archive_worker_runners", "archive_run_totals", "archive_run_totals_watermark",
+          "archive_worker_run_samples")
+WORKERS = [f"worker-{i}" for i in range(4)]
+HEARTBEAT_S, LEASE_S = 0.5, 4.0
+
+
+def _sizes(engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {t: int(conn.execute(text("SELECT COALESCE(pg_total_relation_size(to_regclass(:t)), 0)"),
+                                    {"t": t}).scalar_one()) for t in TABLES}
+
+
+def _vacuum(engine) -> None:
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        for t in TABLES:
+            if conn.execute(text("SELECT to_regclass(:t)"), {"t": t}).scalar_one() is not None:
+                conn.execute(text(f"VACUUM {t}"))
+
+
+def _jobs(engine, runner_id: uuid.UUID, n: int, beats: int, scrape_every: int) -> None:
+    for i in range(n):
+        worker = WORKERS[i % len(WORKERS)]
+        ledger.enqueue(engine, worker, {})
+        run = ledger.claim_next(engine, runner_id, WORKERS, LEASE_S)
+        assert run is not None
+        ledger.record_start(engine, run.run_id, runner_id, ledger.StartParams(None, None, None, None))
+        children = [{"pid": 1000 + i, "run_id": str(run.run_id), "worker": worker}]
+        for b in range(beats):
+            ledger.heartbeat(engine, runner_id, LEASE_S, progress={run.run_id: {"done": b, "total": beats}},
+                             children=children if b == 0 else None)
+        ledger.record_progress(engine, runner_id, {run.run_id: {"done": beats, "total": beats}})
+        ledger.finish(engine, run.run_id, runner_id,
+                      ledger.FinishParams("SUCCESS", progress={"done": beats, "total": beats}))
+        ledger.heartbeat(engine, runner_id, LEASE_S, children=[])  # the idle beat after the child exits
+        if scrape_every and (i + 1) % scrape_every == 0:
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(text("SELECT archive_run_totals_fold()"))
+
+
+def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | None = None) -> dict[str, Any]:
+    engine = create_engine_from_url(url, pool_size=2, pool_pre_ping=False)
+    try:
+        if fillfactor:
+            with engine.begin() as conn:
+                for t in ("archive_worker_runs", "archive_worker_runners"):
+                    conn.execute(text(f"ALTER TABLE {t} SET (fillfactor = {int(fillfactor)})"))
+        runner_id = uuid.uuid4()
+        registry.register(engine, registry.RunnerRegistration(
+            runner_id=runner_id, name="bench", hostname="bench", pid=0, package_version="bench",
+            schema_revision=None, capabilities=WORKERS, concurrency=1, heartbeat_seconds=HEARTBEAT_S,
+            lease_seconds=LEASE_S))
+        scrape = args.scrape_every if fold else 0
+        _jobs(engine, runner_id, args.warmup, args.beats, scrape)
+        _vacuum(engine)
+        before = _sizes(engine)
+        with engine.connect() as pin:
+            pin.execution_options(isolation_level="REPEATABLE READ")
+            pin.execute(text("SELECT count(*) FROM archive_worker_runs")).scalar_one()  # the snapshot is taken
+            _jobs(engine, runner_id, args.jobs, args.beats, scrape)
+            _vacuum(engine)
+            after = _sizes(engine)
+            pin.rollback()
+    finally:
+        engine.dispose()
+    grown = {t: after[t] - before[t] for t in TABLES}
+    return {"ledger": label, "jobs": args.jobs, "beats_per_job": args.beats,
+            "bytes_per_job": round(sum(grown.values()) / args.jobs),
+            "per_table_bytes_per_job": {t: round(v / args.jobs) for t, v in grown.items() if before[t] or after[t]},
+            "sizes_after": after}
+
+
+def peer_side(url: str, python: str, args: Any) -> dict[str, Any]:
+    u = make_url(url)
+    name = f"{u.database}_peer"
+    admin = create_engine(u.set(drivername="postgresql+psycopg", database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        conninfo = f"host={u.host} port={u.port} user={u.username} dbname={name}"
+        done = subprocess.run([python, str(Path(__file__).with_name("peer_xmin.py")), conninfo,
+                               "--jobs", str(args.jobs), "--warmup", str(args.warmup)],
+                              capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            return {"peer": "procrastinate", "error": done.stderr.strip().splitlines()[-3:]}
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--beats", type=int, default=2, help="heartbeats while each job runs")
+    parser.add_argument("--scrape-every", type=int, default=50, help="jobs between two scrapes' folds (head)")
+    parser.add_argument("--peer-python", default=None, help="a Python with procrastinate installed")
+    parser.add_argument("--fillfactor", type=int, default=None,
+                        help="also head with this fill factor on the runs and the registry (its own database)")
+    args = parser.parse_args()
+    with bench_database("bench_xmin") as url:
+        u = make_url(url)
+        before_name = f"{u.database}_0017"
+        admin = create_engine(u.set(drivername="postgresql+psycopg", database="postgres"),
+                              isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{before_name}"'))
+        try:
+            before_url = u.set(database=before_name).render_as_string(hide_password=False)
+            migrate.upgrade(before_url, "0017")
+            results = [ledger_side(before_url, "0017 (totals trigger)", args, fold=False),
+                       ledger_side(url, "head (0018: totals folded at the scrape)", args, fold=True)]
+            if args.fillfactor:
+                with admin.connect() as conn:
+                    conn.execute(text(f'CREATE DATABASE "{u.database}_ff"'))
+                ff_url = u.set(database=f"{u.database}_ff").render_as_string(hide_password=False)
+                migrate.upgrade(ff_url)
+                results.append(ledger_side(ff_url, f"head, fillfactor {args.fillfactor}", args, fold=True,
+                                           fillfactor=args.fillfactor))
+                with admin.connect() as conn:
+                    conn.execute(text(f'DROP DATABASE IF EXISTS "{u.database}_ff" WITH (FORCE)'))
+            if args.peer_python:
+                results.append(peer_side(url, args.peer_python, args))
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{before_name}" WITH (FORCE)'))
+            admin.dispose()
+    for r in results:
+        print(json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":
+    main()
