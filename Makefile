@@ -64,8 +64,10 @@ rules:
 # pytest's arguments: two pytest-xdist workers by default (each starts its own throwaway PostgreSQL
 # cluster; `--dist loadfile` keeps a file on one worker, so a module's shared processes start once). The
 # suite mostly waits on processes, so two workers on two cores take about half the time of one.
+# `--no-loadscope-reorder`: the files go out in the collection's order, the longest first (tests/conftest.py
+# LONGEST_FIRST), instead of by their number of tests, which left the long one-test files for the end.
 # `make test PYTEST_ARGS=` runs it in one process.
-PYTEST_ARGS ?= -n 2 --dist loadfile
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 test: install system-deps lint rules
 	$(PY) -m pytest $(PYTEST_ARGS)

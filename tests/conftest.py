@@ -28,6 +28,32 @@ from sqlalchemy.engine import make_url
 from scrinalia.db import migrate
 from scrinalia.db.engine import create_engine_from_url
 
+#: The files that take longest, longest first (measured: docs/benchmarks.md, "Test suite time"). pytest-xdist
+#: hands whole files to its workers (``--dist loadfile``) in the collection's order when told not to reorder
+#: them by their number of tests (``--no-loadscope-reorder``, as ``make test`` runs it): a long file started
+#: last is the tail of the whole run, started first it runs beside the many short ones (decision 0360).
+LONGEST_FIRST = (
+    "tests/systemd/test_deployed.py",
+    "tests/foundation/test_previous_release.py",  # builds the previous release once per machine
+    "tests/panel/test_make_dev.py",
+    "tests/panel/test_accessibility.py",
+    "tests/workers/test_catalogue_e2e.py",
+    "tests/runner/test_partition.py",
+    "tests/simulation/test_simulation.py",
+    "tests/api/test_schemathesis.py",
+    "tests/workers/test_cancellation_and_fence.py",
+    "tests/foundation/test_runner_role.py",
+    "tests/runner/test_oneshot_cli.py",
+    "tests/api/test_contract.py",
+    "tests/foundation/test_test_layout.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of ``LONGEST_FIRST`` first, in its order; every other test keeps its place (a stable sort)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
 
 def _docker_engine_answers() -> bool:
     try:

@@ -5,8 +5,8 @@ against this checkout's schema (expand/contract, decision 0125).
 must keep working on the head schema until the release after it. Its tree is exported with ``git archive``
 (a plain copy: no worktree entry in the repository, so a cache made from one clone stays valid for the
 next) into ``$XDG_CACHE_HOME/scrinalia/compat/<commit>/src`` with its own virtual environment beside it
-(``venv``: CPU torch through that tree's ``constraints-cpu.txt``, then the package with its API and
-runner extras). Built once per machine, under a file lock (two test sessions at once build it once); a
+(``venv``, made by uv: the package with its API and runner extras, torch held to the CPU build by that
+tree's ``constraints-cpu.txt``). Built once per machine, under a file lock (two test sessions at once build it once); a
 ``complete`` marker written last tells a finished build from one killed half-way, which is redone.
 """
 from __future__ import annotations
@@ -81,12 +81,24 @@ def _build(commit: str, into: Path) -> None:
     src, venv = into / "src", into / "venv"
     src.mkdir(parents=True)
     _export_tree(commit, src)
-    _run([sys.executable, "-m", "venv", str(venv)])
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    constraints = str(src / "constraints-cpu.txt")
-    _run([*pip, "-c", constraints, "torch==2.13.0"])
-    _run([*pip, "-c", constraints, f"{src}[api,runner]"])
+    # uv, as the wheel tests install (decisions 0152, 0300): pip took 5-7 minutes here for torch and the
+    # release's packages on a machine with a cold cache, uv takes well under one (decision 0360).
+    uv = [sys.executable, "-m", "uv"]
+    _run([*uv, "venv", "-q", "--python", sys._base_executable, str(venv)])  # type: ignore[attr-defined]  # CPython's own
+    _run([*uv, "pip", "install", "-q", "--system-certs", "--python", str(venv / "bin" / "python"),
+          "-c", str(src / "constraints-cpu.txt"), *_find_links(), f"{src}[api,runner]"])
     (into / "complete").write_text(commit + "\n")
+
+
+def _find_links() -> list[str]:
+    """pip's extra wheel directories on this host (``PIP_FIND_LINKS`` or pip's configuration) as uv's flags:
+    the CPU build of torch that constraints-cpu.txt pins lies there; uv does not read pip's configuration."""
+    links = os.environ.get("PIP_FIND_LINKS", "").split()
+    if not links:
+        asked = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.find-links"],
+                               capture_output=True, text=True, timeout=60)
+        links = asked.stdout.split() if asked.returncode == 0 else []
+    return [flag for link in links for flag in ("--find-links", link)]
 
 
 def previous_release(commit: str = PREVIOUS_RELEASE) -> PreviousRelease:

@@ -39,3 +39,12 @@ def test_runner_tests_collect_with_the_repository_on_pythonpath() -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "tests/runner/test_units.py::" in proc.stdout
     assert " collected" in proc.stdout
+
+
+def test_the_longest_first_files_exist() -> None:
+    """tests/conftest.py schedules these files first: a renamed one would silently lose its place."""
+    from tests.conftest import LONGEST_FIRST
+
+    missing = [path for path in LONGEST_FIRST if not (ROOT / path).is_file()]
+    assert not missing, missing
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)

@@ -100,6 +100,9 @@ class RunnerControl:
             sys.executable, "-m", "runner.cli", "daemon",
             "--name", self.name, "--capabilities", self.capabilities,
             "--concurrency", "2", "--heartbeat", "1", "--lease", "6", "--poll", "0.5", "--drain-timeout", "5",
+            # The panel's workers import no torch: a fork server that preloads it only makes each start
+            # (and the loop's first heartbeat, which the tests wait for) ~10 s of CPU later.
+            "--preload", "none",
             # A socket of its own, in a directory of its own (the runner makes its socket's directory 0700):
             # another test session on this host may run a "panel-runner" too.
             "--socket", str(self.socket_dir / f"{self.name}.sock"),

@@ -23,7 +23,7 @@ def test_settings_warns_of_a_model_directory_no_online_runner_sees(page, panel_e
     (root / "tiny" / "config.json").write_text(json.dumps({"model_type": "bert"}))
     monkeypatch.setenv("SCRINALIA_MODEL_ROOTS", str(root))
     runner = RunnerControl(panel_database_url, name="models-runner", capabilities="panel-model",
-                           flags=("--preload", "none", "--devices", "none"))
+                           flags=("--devices", "none"))
     try:
         runner.start().wait_registered(panel_engine)
         with panel_engine.connect() as conn:

@@ -304,15 +304,23 @@ def test_units_are_active_once_ready_and_show_their_status(deployed: Deployment)
 
 
 @pytest.fixture
-def runner_up(deployed: Deployment) -> Iterator[Deployment]:
-    """The runner active when the test starts (started only if it is not: each start preloads torch);
-    the test's drop-in removed and a failed state reset when it ends."""
-    if deployed.show("scrinalia-runner", "ActiveState")["ActiveState"] != "active":
-        deployed.systemctl("reset-failed", "scrinalia-runner", check=False)
-        deployed.systemctl("start", "scrinalia-runner")
+def runner_scenario(deployed: Deployment) -> Iterator[Deployment]:
+    """A scenario that stops or restarts the runner itself, in whatever state the runner is: the test's
+    drop-in removed and a failed state reset when it ends. No start before it: each start preloads torch
+    (seconds, half a minute on a loaded host), and these scenarios begin with a stop or a restart."""
     yield deployed
     deployed.sh("rm -f /etc/systemd/system/scrinalia-runner.service.d/scenario.conf && systemctl daemon-reload")
     deployed.systemctl("reset-failed", "scrinalia-runner", check=False)
+
+
+@pytest.fixture
+def runner_up(runner_scenario: Deployment) -> Deployment:
+    """The runner active when the test starts (started only if it is not), cleaned up as ``runner_scenario``."""
+    deployed = runner_scenario
+    if deployed.show("scrinalia-runner", "ActiveState")["ActiveState"] != "active":
+        deployed.systemctl("reset-failed", "scrinalia-runner", check=False)
+        deployed.systemctl("start", "scrinalia-runner")
+    return deployed
 
 
 # --- systemctl stop drains -----------------------------------------------------------------------------------
@@ -343,8 +351,8 @@ def test_stop_drains_the_run_in_flight_and_leaves_nothing(runner_up: Deployment)
 
 # --- a frozen supervisor: the watchdog ------------------------------------------------------------------------
 
-def test_a_frozen_supervisor_is_killed_by_the_watchdog_and_restarted(runner_up: Deployment) -> None:
-    deployed = runner_up
+def test_a_frozen_supervisor_is_killed_by_the_watchdog_and_restarted(runner_scenario: Deployment) -> None:
+    deployed = runner_scenario
     unit = deployed.sh("cat /etc/systemd/system/scrinalia-runner.service").stdout
     assert "\nWatchdogSec=" in unit and "\nRestart=on-failure" in unit  # the unit as written arms both
     # A watchdog of seconds, not a minute, and a restart a second after (a drop-in; the mechanism is the unit's).
@@ -380,9 +388,9 @@ def test_a_frozen_supervisor_is_killed_by_the_watchdog_and_restarted(runner_up: 
     ("0010", 4, "migrate first with `scrinalia db upgrade`"),
     ("0099_from_a_newer_release", 7, "upgrade this"),
 ])
-def test_a_schema_behind_or_ahead_fails_once_without_a_restart_loop(runner_up: Deployment, revision: str, code: int,
-                                                                    words: str) -> None:
-    deployed = runner_up
+def test_a_schema_behind_or_ahead_fails_once_without_a_restart_loop(runner_scenario: Deployment, revision: str,
+                                                                    code: int, words: str) -> None:
+    deployed = runner_scenario
     deployed.systemctl("stop", *UNITS)
     head = migrate.head_revision()
     deployed.set_revision(revision)
@@ -408,8 +416,8 @@ def test_a_schema_behind_or_ahead_fails_once_without_a_restart_loop(runner_up: D
     deployed.systemctl("start", "scrinalia-api", "scrinalia-scheduler")
 
 
-def test_a_database_down_at_start_is_retried_until_it_answers(runner_up: Deployment) -> None:
-    deployed = runner_up
+def test_a_database_down_at_start_is_retried_until_it_answers(runner_scenario: Deployment) -> None:
+    deployed = runner_scenario
     # Seconds between tries instead of RestartSec=10 (a drop-in); Restart= and the exit code are the unit's.
     write_dropin(deployed.container, "scrinalia-runner", "RestartSec=1", name="scenario")
     deployed.sh("systemctl daemon-reload")

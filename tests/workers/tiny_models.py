@@ -26,7 +26,7 @@ FILLER = ["de", "the", "letters", "of", "to", "and", "carta", "a", "from", "in",
 
 
 def _tokenizer(vocab_words):
-    from transformers import BertTokenizerFast  # type: ignore[attr-defined]  # exported lazily
+    from transformers import BertTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL + list(dict.fromkeys(vocab_words)))}
     return BertTokenizerFast(vocab=vocab, do_lower_case=True, model_max_length=512), vocab
