@@ -122,7 +122,10 @@ def test_the_protocol_steps_as_the_runner_role(engine, runner_url):
         assert ledger.request_cancel(as_runner, cli.run_id, "cli").cancel_requested_at is not None
         assert ledger.finish(as_runner, cli.run_id, me, FinishParams("CANCELLED", exit_reason="cancelled")) is not None
         ledger.enqueue(engine, "embedding", {})
-        lost = ledger.claim_next(as_runner, me, ["embedding"], 0.001)
+        lost = ledger.claim_next(as_runner, me, ["embedding"], 1)
+        with engine.begin() as conn:  # its lease runs out (a wait on the clock would race a fast round trip)
+            conn.execute(text("UPDATE archive_worker_runs SET lease_expires_at = now() - interval '1 second'"
+                              " WHERE run_id = :run_id"), {"run_id": lost.run_id})
         assert [r.run_id for r in ledger.expire_leases(as_runner)] == [lost.run_id]
         assert ledger.get_run(as_runner, lost.run_id).status == "INTERRUPTED"
         assert ledger.active_run(as_runner, "embedding") is None
