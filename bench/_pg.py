@@ -114,3 +114,35 @@ class ServerCost:
                 out["exec_ms"] = round(sum(r.total_exec_time for r in rows), 3)
                 out["by_statement"] = [(" ".join(r.query.split())[:90], int(r.calls)) for r in rows[:12]]
         return out
+
+def run_peer(url: str, python: str, script: str, args: list[str], timeout: float = 1800) -> dict[str, Any]:
+    """Run a peer's bench script (``bench/peer_*.py``) in its own venv (``python``: never a dependency of
+    this project) against a new database ``<bench db>_peer`` of the same cluster, dropped after; its answer
+    is the JSON of its last line, or ``{"error": ...}`` with the end of its stderr."""
+    import json
+    import subprocess
+
+    u = make_url(url)
+    name = f"{u.database}_peer"
+    admin = create_engine(u.set(drivername="postgresql+psycopg", database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        db = create_engine(u.set(drivername="postgresql+psycopg", database=name), isolation_level="AUTOCOMMIT")
+        with db.connect() as conn:
+            try:
+                conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+            except Exception:  # not loaded on BENCH_DATABASE_URL's server: the peer reads no statements
+                pass
+        db.dispose()
+        conninfo = f"host={u.host} port={u.port} user={u.username} dbname={name}"
+        done = subprocess.run([python, str(Path(__file__).with_name(script)), conninfo, *args],
+                              capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            return {"peer": script, "error": done.stderr.strip().splitlines()[-3:]}
+        answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return answer
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import time
 import uuid
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import text
 
-from bench._pg import ServerCost, bench_database, percentile
+from bench._pg import ServerCost, bench_database, percentile, run_peer
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.domains.archive import ledger, registry
 
@@ -157,30 +156,7 @@ def expiries(engine, samples: int) -> dict:
 
 def peer(url: str, python: str, history: int, samples: int) -> dict:
     """bench/peer_procrastinate.py in its own venv, against a new database of this cluster."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.engine import make_url
-
-    u = make_url(url)
-    name = f"{u.database}_peer"
-    admin = create_engine(u.set(drivername="postgresql+psycopg", database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        db = create_engine(u.set(drivername="postgresql+psycopg", database=name), isolation_level="AUTOCOMMIT")
-        with db.connect() as conn:
-            conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
-        db.dispose()
-        conninfo = f"host={u.host} port={u.port} user={u.username} dbname={name}"
-        done = subprocess.run([python, str(Path(__file__).with_name("peer_procrastinate.py")), conninfo,
-                               "--history", str(history), "--samples", str(samples)],
-                              capture_output=True, text=True, timeout=1800)
-        if done.returncode != 0:
-            return {"peer": "procrastinate", "error": done.stderr.strip().splitlines()[-1:]}
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    return run_peer(url, python, "peer_procrastinate.py", ["--history", str(history), "--samples", str(samples)])
 
 
 def main() -> None:

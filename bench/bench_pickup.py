@@ -11,7 +11,7 @@ With a standby child (decision 0341, the default) and without (``--no-standby``)
 sample by sample is not possible (one daemon each), so the two daemons run one after the other.
 
 Run:  .venv/bin/python bench/bench_pickup.py [--pickup-samples 15] [--ready-samples 15] [--crash-samples 10]
-      [--pickup-only]
+      [--pickup-only] [--preload torch,transformers] [--peer-python /tmp/peers-venv/bin/python]
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._pg import bench_database, percentile
+from bench._pg import bench_database, percentile, run_peer
 from bench.bench_live import pickup_latency
 from bench.bench_runner import crash_latency, ready_latency
 from scrinalia.db.engine import create_engine_from_url
@@ -44,16 +44,25 @@ def main() -> None:
     parser.add_argument("--ready-samples", type=int, default=15)
     parser.add_argument("--crash-samples", type=int, default=10)
     parser.add_argument("--pickup-only", action="store_true", help="only the pick-up latency")
+    parser.add_argument("--preload", default="none",
+                        help="the daemons' --preload (none: the fork server imports no worker library)")
+    parser.add_argument("--peer-python", default=None,
+                        help="a Python with procrastinate installed: its pick-up in the same run (peer_pickup.py)")
     args = parser.parse_args()
     results: dict = {"host": socket.gethostname(), "cpus": os.cpu_count(), "load": os.getloadavg()}
     with bench_database("bench_pickup") as url, tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         engine = create_engine_from_url(url)
-        for label, extra in (("pickup_ms", ()), ("pickup_ms_no_standby", ("--no-standby",))):
+        preload = ("--preload", args.preload)
+        for label, extra in (("pickup_ms", ("--standby", *preload)),
+                             ("pickup_ms_no_standby", ("--no-standby", *preload))):
             measured: Any = pickup_latency(url, engine, tmp, True, args.pickup_samples, extra)  # three lists
             first_line, claim, ready = measured
             results[label] = {**_summary(first_line), "claim_p50": round(percentile(claim, 0.5), 1),
                               "child_ready_p50": round(percentile(ready, 0.5), 1)}
+        if args.peer_python:
+            results["peer_pickup_ms"] = run_peer(url, args.peer_python, "peer_pickup.py",
+                                                 ["--samples", str(args.pickup_samples)])
         if args.pickup_only:
             engine.dispose()
             print(json.dumps(results, indent=2))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from bench._pg import bench_database
+from bench._pg import bench_database, run_peer
 from scrinalia.db import migrate
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.domains.archive import ledger, registry
@@ -105,23 +104,7 @@ def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | N
 
 
 def peer_side(url: str, python: str, args: Any) -> dict[str, Any]:
-    u = make_url(url)
-    name = f"{u.database}_peer"
-    admin = create_engine(u.set(drivername="postgresql+psycopg", database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        conninfo = f"host={u.host} port={u.port} user={u.username} dbname={name}"
-        done = subprocess.run([python, str(Path(__file__).with_name("peer_xmin.py")), conninfo,
-                               "--jobs", str(args.jobs), "--warmup", str(args.warmup)],
-                              capture_output=True, text=True, timeout=1800)
-        if done.returncode != 0:
-            return {"peer": "procrastinate", "error": done.stderr.strip().splitlines()[-3:]}
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    return run_peer(url, python, "peer_xmin.py", ["--jobs", str(args.jobs), "--warmup", str(args.warmup)])
 
 
 def main() -> None:

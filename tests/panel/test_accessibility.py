@@ -241,6 +241,12 @@ def test_a_keyboard_alone_runs_cancels_retries_resumes_and_changes_a_setting(bro
         expect(page.get_by_role("button", name="Yes, cancel it")).to_be_focused()  # the dialog opens, then focuses
         f = _focus_visible(page)
         assert f["text"] == "Yes, cancel it" and f["visible"], f
+        # A refresh rebuilds the card under the focus (the run's progress moves on): the focus stays on the
+        # rebuilt confirmation instead of falling to the page's body (a CI run lost it this way).
+        page.evaluate("document.activeElement.dataset.beforeRefresh = 'yes'")
+        page.evaluate("window.dispatchEvent(new Event('focus'))")  # the panel refreshes on focus
+        expect(page.locator("[data-before-refresh]")).to_have_count(0)
+        expect(page.get_by_role("button", name="Yes, cancel it")).to_be_focused()
         page.keyboard.press("Enter")
         wait_db(panel_engine, "panel-slow", lambda r: r["status"] == "CANCELLED", 30, "CANCELLED")
         shot(page, "kbd-02-cancel")

@@ -57,9 +57,27 @@ export function clear(el) {
   return el;
 }
 
+/**
+ * Replace el's children. A refresh rebuilds a card under the user's focus (a run's progress moves every
+ * second): when the focus was inside, it moves to the rebuilt control that matches it, so a keyboard
+ * user keeps their place instead of landing on the page's body (WCAG 2.4.3).
+ */
 export function replace(el, ...children) {
+  const focused = document.activeElement;
+  const key = focused && focused !== el && el.contains(focused) ? focusKey(focused) : null;
   clear(el);
-  return append(el, children);
+  append(el, children);
+  if (key !== null) {
+    const match = [...el.querySelectorAll(focused.tagName)].find((c) => focusKey(c) === key);
+    match?.focus({ preventScroll: true });
+  }
+  return el;
+}
+
+/** What names a control across a rebuild: its tag, type, name and accessible label or text. */
+function focusKey(el) {
+  return [el.tagName, el.getAttribute('type'), el.getAttribute('name'),
+    el.getAttribute('aria-label') || el.textContent.trim()].join('|');
 }
 
 let uid = 0;
