@@ -71,7 +71,7 @@ def _wait_registered(conninfo: str) -> None:
     """The worker is serving once it has registered (procrastinate_workers), after its LISTEN."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         for _ in range(300):
-            if conn.execute("SELECT count(*) FROM procrastinate_workers").fetchone()[0]:
+            if conn.execute("SELECT 1 FROM procrastinate_workers").fetchone() is not None:
                 time.sleep(0.5)  # its fetch loop past the first poll
                 return
             time.sleep(0.1)
