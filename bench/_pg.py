@@ -19,8 +19,9 @@ from scrinalia.db import migrate
 
 
 @contextlib.contextmanager
-def bench_database(prefix: str = "bench") -> Iterator[str]:
-    """Yield the URL of a fresh database migrated to head; drop it (and any private cluster) after."""
+def bench_database(prefix: str = "bench", revision: str = "head") -> Iterator[str]:
+    """Yield the URL of a fresh database migrated to ``revision`` (head); drop it (and any private cluster)
+    after."""
     cluster = None
     admin_url = os.environ.get("BENCH_DATABASE_URL")
     if not admin_url:
@@ -36,7 +37,7 @@ def bench_database(prefix: str = "bench") -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
         url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-        migrate.upgrade(url)
+        migrate.upgrade(url, revision)
         # What the cost benches read, where the server has them: statement counts and the WAL's contents.
         probe = create_engine(make_url(url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT")
         with probe.connect() as conn:

@@ -10,6 +10,7 @@ also measured once with the old default (gen_random_uuid()) for comparison, in t
 window starts right after a CHECKPOINT, so a page's first write in it is a full-page image, as on a
 server where checkpoints come every few minutes. The engine is the runner's (no pre-ping). Run:
     .venv/bin/python bench/bench_ledger.py [--sizes 10000,100000,1000000] [--samples 300]
+        [--from-revision 0019 [--rounds 3]] [--before-after ROUNDS] [--peer-python PYTHON]
 """
 from __future__ import annotations
 
@@ -130,6 +131,28 @@ def before_after(engine, runner_id: uuid.UUID, samples: int, cost: ServerCost, r
             **{f"windows_{k}": v for k, v in sides.items()}, "one_fold_wal_bytes": int(fold_wal)}
 
 
+def upgrade_before_after(url: str, engine, runner_id: uuid.UUID, samples: int, cost: ServerCost,
+                         rounds: int) -> dict:
+    """Steady windows on the schema the bench started at (``--from-revision``), then ``migrate.upgrade`` to
+    head on the same history and the same number of windows after one discarded window (the upgrade's
+    new index takes its first pages there): the medians of each side."""
+    from scrinalia.db import migrate
+
+    def windows() -> list[int]:
+        cycles(engine, runner_id, samples, cost, after_checkpoint=False)  # warm-up, discarded
+        return [cycles(engine, runner_id, samples, cost, after_checkpoint=False)["wal_bytes_per_cycle"]
+                for _ in range(rounds)]
+
+    with engine.connect() as conn:
+        before_revision = migrate.current_revision(conn)
+    before = windows()
+    migrate.upgrade(url)
+    after = windows()
+    return {"window": f"steady, {rounds} windows each side", "revision_before": before_revision,
+            "wal_bytes_per_cycle_before": sorted(before)[len(before) // 2], "windows_before": before,
+            "wal_bytes_per_cycle_head": sorted(after)[len(after) // 2], "windows_head": after}
+
+
 def claim_buffers(engine, runner_id: uuid.UUID) -> int:
     """Shared buffers one claim touches (EXPLAIN ANALYZE BUFFERS, rolled back): the statement's work,
     which the machine's other jobs cannot inflate the way they inflate its latency."""
@@ -169,10 +192,14 @@ def main() -> None:
     parser.add_argument("--before-after", type=int, default=0, metavar="ROUNDS",
                         help="at the largest size, ROUNDS pairs of steady windows with and without migration "
                              "0016's per-finish totals trigger, alternated (decision 0370)")
+    parser.add_argument("--from-revision", default=None, metavar="REV",
+                        help="start the database at migration REV, and at the largest size measure steady "
+                             "windows before and after the upgrade to head (decision 0391)")
+    parser.add_argument("--rounds", type=int, default=3, help="windows per side of --from-revision")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     results = []
-    with bench_database("bench_ledger") as url:
+    with bench_database("bench_ledger", args.from_revision or "head") as url:
         engine = create_engine_from_url(url, pool_size=2, pool_pre_ping=False)
         cost = ServerCost(engine)
         runner_id = uuid.uuid4()
@@ -194,6 +221,9 @@ def main() -> None:
             steady = cycles(engine, runner_id, args.samples, cost, after_checkpoint=False)
             print(json.dumps({"history_rows": size, "window": "steady (no checkpoint before it)",
                               **{k: v for k, v in steady.items() if k != "top_statements"}}), flush=True)
+        if args.from_revision:
+            print(json.dumps({"history_rows": have, **upgrade_before_after(url, engine, runner_id, args.samples,
+                                                                           cost, args.rounds)}), flush=True)
         if args.before_after:
             print(json.dumps({"history_rows": have, **before_after(engine, runner_id, args.samples, cost,
                                                                    args.before_after)}), flush=True)

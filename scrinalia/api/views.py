@@ -22,6 +22,7 @@ from scrinalia import __version__
 from scrinalia.api import catalogue_view
 from scrinalia.db import xmin_horizon
 from scrinalia.db.engine import one_statement
+from scrinalia.db.tables import ACTIVE_STATUSES, RARE_ENDINGS
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.ledger import RUN_COLUMNS, WorkerRun
 from scrinalia.domains.archive.worker_settings import all_settings
@@ -301,6 +302,17 @@ _RUN_FILTERS = {
 }
 
 
+def _status_hint(statuses: list[str] | None) -> list[str]:
+    """A literal restatement of a status filter that lies within one partial index's predicate, so that
+    even a generic plan (a prepared statement's, which cannot see ``:statuses``) may read that index: the
+    active rows are ``uq_worker_run_active``'s, the rare endings ``ix_worker_runs_ending_id``'s (decision
+    0391). Built from constants only; it changes no answer."""
+    for group in (ACTIVE_STATUSES, RARE_ENDINGS):
+        if statuses and set(statuses) <= set(group):
+            return ["status IN (" + ", ".join(f"'{s}'" for s in group) + ")"]
+    return []
+
+
 def list_runs(
     engine: Engine,
     *,
@@ -315,7 +327,7 @@ def list_runs(
     filters = {"worker": worker, "statuses": statuses or None, "fingerprint": fingerprint, "trigger": trigger,
                "before_id": before_id}
     params: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
-    where = [_RUN_FILTERS[k] for k in params]
+    where = [_RUN_FILTERS[k] for k in params] + _status_hint(statuses)
     params["limit"] = limit + 1
     sql = f"SELECT {RUN_COLUMNS} FROM archive_worker_runs"
     if where:

@@ -41,6 +41,7 @@ ERROR_MAX = 2000
 RUN_STATUSES = ("QUEUED", "RUNNING", "SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED")
 ACTIVE_STATUSES = ("QUEUED", "RUNNING")
 TERMINAL_STATUSES = ("SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED")
+RARE_ENDINGS = ("FAILED", "INTERRUPTED", "CANCELLED")  # the endings ix_worker_runs_ending_id holds (0020)
 RUN_TRIGGERS = ("CLI", "API", "SCHEDULE", "PANEL")  # PANEL: migration 0017
 
 
@@ -241,6 +242,7 @@ archive_worker_setting_revisions = Table(
 # --- the ledger (and the queue) --------------------------------------------------------------------
 
 _quoted_statuses = ", ".join(f"'{s}'" for s in ACTIVE_STATUSES)
+_quoted_endings = ", ".join(f"'{s}'" for s in RARE_ENDINGS)
 _quoted_reasons = ", ".join(f"'{r}'" for r in EXIT_REASONS)
 
 archive_worker_runs = Table(
@@ -299,8 +301,11 @@ archive_worker_runs = Table(
     Index("ix_worker_runs_fingerprint", "error_fingerprint", "finished_at",
           postgresql_where=text("error_fingerprint IS NOT NULL")),
     Index("ix_worker_runs_retry_of", "retry_of", postgresql_where=text("retry_of IS NOT NULL")),
-    # The runs list filtered by status or fingerprint, keyset-paginated on id (GET /system/runs).
-    Index("ix_worker_runs_status_id", "status", text("id DESC")),
+    # The runs list filtered by a rare ending, keyset-paginated on id (GET /system/runs). Only those rows:
+    # an active status is the slot index's, SUCCESS most of the history (migration 0020, decision 0391).
+    Index("ix_worker_runs_ending_id", "status", text("id DESC"),
+          postgresql_where=text(f"status IN ({_quoted_endings})")),
+    # The runs list filtered by fingerprint, keyset-paginated on id.
     Index("ix_worker_runs_fingerprint_id", "error_fingerprint", text("id DESC"),
           postgresql_where=text("error_fingerprint IS NOT NULL")),
     # The failures screen: errors of the last N days (GET /system/failures).
