@@ -5,7 +5,9 @@ where the server has them (``server_cost`` reads them)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -116,13 +118,11 @@ class ServerCost:
                 out["by_statement"] = [(" ".join(r.query.split())[:90], int(r.calls)) for r in rows[:12]]
         return out
 
+
 def run_peer(url: str, python: str, script: str, args: list[str], timeout: float = 1800) -> dict[str, Any]:
     """Run a peer's bench script (``bench/peer_*.py``) in its own venv (``python``: never a dependency of
     this project) against a new database ``<bench db>_peer`` of the same cluster, dropped after; its answer
     is the JSON of its last line, or ``{"error": ...}`` with the end of its stderr."""
-    import json
-    import subprocess
-
     u = make_url(url)
     name = f"{u.database}_peer"
     admin = create_engine(u.set(drivername="postgresql+psycopg", database="postgres"), isolation_level="AUTOCOMMIT")

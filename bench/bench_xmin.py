@@ -1,11 +1,12 @@
-"""Table growth per job while a REPEATABLE READ session pins the xmin horizon: the ledger before migration
-0018 (at 0017: the per-finish totals trigger), after it (head), and Procrastinate, side by side in one run.
+"""Table growth per job while a REPEATABLE READ session pins the xmin horizon: the ledger at an earlier
+migration (``--before``: 0019, the previous release; 0017, the per-finish totals trigger, needs the code of
+its time), at head, and Procrastinate, side by side in one run.
 
-A private PostgreSQL 15 cluster (``bench/_pg.py``), three databases: one migrated to 0017, one to head, one
+A private PostgreSQL 15 cluster (``bench/_pg.py``), three databases: one migrated to ``--before``, one to head, one
 for the peer (``bench/peer_xmin.py`` in its own venv, ``--peer-python``). On each ledger, a registered
 runner (heartbeat 0.5 s, lease 4 s) runs ``--jobs`` jobs one at a time through the runner's own statements:
 enqueue, claim, record_start, ``--beats`` heartbeats (the registry renewed, the run's lease and progress),
-one record_progress, finish; on head a scrape's fold (``archive_run_totals_fold()``) every ``--scrape-every``
+one record_progress, finish; from 0018 on, a scrape's fold (``archive_run_totals_fold()``) every ``--scrape-every``
 jobs. Before the jobs: ``--warmup`` jobs, VACUUM, the sizes; then a REPEATABLE READ session in that database
 takes its snapshot and stays open (VACUUM can remove no version written after it; the horizon is per
 database), the jobs run, VACUUM, the sizes again. Growth: pg_total_relation_size (heap, indexes, TOAST) of
@@ -114,21 +115,25 @@ def main() -> None:
     parser.add_argument("--beats", type=int, default=2, help="heartbeats while each job runs")
     parser.add_argument("--scrape-every", type=int, default=50, help="jobs between two scrapes' folds (head)")
     parser.add_argument("--peer-python", default=None, help="a Python with procrastinate installed")
+    parser.add_argument("--before", default="0019",
+                        help="the migration of the 'before' ledger (0017: the per-finish totals trigger; 0019: "
+                             "the status index of every write; the code is head's, so 0019 or later for its "
+                             "heartbeat's `warm` column)")
     parser.add_argument("--fillfactor", type=int, default=None,
                         help="also head with this fill factor on the runs and the registry (its own database)")
     args = parser.parse_args()
     with bench_database("bench_xmin") as url:
         u = make_url(url)
-        before_name = f"{u.database}_0017"
+        before_name = f"{u.database}_{args.before}"
         admin = create_engine(u.set(drivername="postgresql+psycopg", database="postgres"),
                               isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{before_name}"'))
         try:
             before_url = u.set(database=before_name).render_as_string(hide_password=False)
-            migrate.upgrade(before_url, "0017")
-            results = [ledger_side(before_url, "0017 (totals trigger)", args, fold=False),
-                       ledger_side(url, "head (0018: totals folded at the scrape)", args, fold=True)]
+            migrate.upgrade(before_url, args.before)
+            results = [ledger_side(before_url, args.before, args, fold=args.before >= "0018"),
+                       ledger_side(url, "head", args, fold=True)]
             if args.fillfactor:
                 with admin.connect() as conn:
                     conn.execute(text(f'CREATE DATABASE "{u.database}_ff"'))
