@@ -22,7 +22,7 @@ from scrinalia import __version__
 from scrinalia.api import catalogue_view
 from scrinalia.db import xmin_horizon
 from scrinalia.db.engine import one_statement
-from scrinalia.db.tables import ACTIVE_STATUSES, RARE_ENDINGS
+from scrinalia.db.tables import ACTIVE_PREDICATE, ACTIVE_STATUSES, RARE_ENDING_PREDICATE, RARE_ENDINGS
 from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.ledger import RUN_COLUMNS, WorkerRun
 from scrinalia.domains.archive.worker_settings import all_settings
@@ -307,9 +307,9 @@ def _status_hint(statuses: list[str] | None) -> list[str]:
     even a generic plan (a prepared statement's, which cannot see ``:statuses``) may read that index: the
     active rows are ``uq_worker_run_active``'s, the rare endings ``ix_worker_runs_ending_id``'s (decision
     0391). Built from constants only; it changes no answer."""
-    for group in (ACTIVE_STATUSES, RARE_ENDINGS):
+    for group, predicate in ((ACTIVE_STATUSES, ACTIVE_PREDICATE), (RARE_ENDINGS, RARE_ENDING_PREDICATE)):
         if statuses and set(statuses) <= set(group):
-            return ["status IN (" + ", ".join(f"'{s}'" for s in group) + ")"]
+            return [predicate]
     return []
 
 

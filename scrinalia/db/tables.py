@@ -242,7 +242,10 @@ archive_worker_setting_revisions = Table(
 # --- the ledger (and the queue) --------------------------------------------------------------------
 
 _quoted_statuses = ", ".join(f"'{s}'" for s in ACTIVE_STATUSES)
-_quoted_endings = ", ".join(f"'{s}'" for s in RARE_ENDINGS)
+#: The predicates of the two partial indexes that hold a status's rows (the slot; the rare endings): the
+#: runs list restates a filter within one of them so that any plan may read that index (decision 0391).
+ACTIVE_PREDICATE = f"status IN ({_quoted_statuses})"
+RARE_ENDING_PREDICATE = "status IN (" + ", ".join(f"'{s}'" for s in RARE_ENDINGS) + ")"
 _quoted_reasons = ", ".join(f"'{r}'" for r in EXIT_REASONS)
 
 archive_worker_runs = Table(
@@ -293,7 +296,7 @@ archive_worker_runs = Table(
     # active rows (at most one per worker), so the claim reads it whatever the history (migration 0003
     # dropped the separate QUEUED and lease indexes: one index entry fewer per enqueue and per claim).
     Index("uq_worker_run_active", "worker_name", unique=True,
-          postgresql_where=text(f"status IN ({_quoted_statuses})")),
+          postgresql_where=text(ACTIVE_PREDICATE)),
     # Lease expiry and the heartbeat read only RUNNING rows.
     Index("ix_worker_runs_runner", "runner_id", postgresql_where=text("status = 'RUNNING'")),
     # Last run per worker, the runs list and its filters (keyset on id).
@@ -304,7 +307,7 @@ archive_worker_runs = Table(
     # The runs list filtered by a rare ending, keyset-paginated on id (GET /system/runs). Only those rows:
     # an active status is the slot index's, SUCCESS most of the history (migration 0020, decision 0391).
     Index("ix_worker_runs_ending_id", "status", text("id DESC"),
-          postgresql_where=text(f"status IN ({_quoted_endings})")),
+          postgresql_where=text(RARE_ENDING_PREDICATE)),
     # The runs list filtered by fingerprint, keyset-paginated on id.
     Index("ix_worker_runs_fingerprint_id", "error_fingerprint", text("id DESC"),
           postgresql_where=text("error_fingerprint IS NOT NULL")),

@@ -20,23 +20,23 @@ ENTRIES = text(
     r"""
     SELECT c.relname, count(*) AS n
       FROM pg_get_wal_records_info(CAST(:start AS pg_lsn), CAST(:end AS pg_lsn)) r
-      JOIN pg_class c ON c.relfilenode = (regexp_match(r.block_ref, 'rel \d+/(\d+)/(\d+)'))[2]::oid
+     CROSS JOIN LATERAL regexp_match(r.block_ref, 'rel \d+/(\d+)/(\d+)') AS ref(parts)
+      JOIN pg_class c ON c.relfilenode = ref.parts[2]::oid
      WHERE r.resource_manager = 'Btree' AND r.record_type = ANY(:types)
-       AND (regexp_match(r.block_ref, 'rel \d+/(\d+)/(\d+)'))[1]::oid =
-           (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND ref.parts[1]::oid = (SELECT oid FROM pg_database WHERE datname = current_database())
        AND c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'archive_worker_runs'::regclass)
      GROUP BY c.relname
     """
 )
 
 
-def _entries(engine: Engine, cycles: int, step: Callable[[int], None]) -> dict[str, float]:
+def _entries(engine: Engine, cycles: int, step: Callable[[], None]) -> dict[str, float]:
     """The index entries per cycle of ``cycles`` calls of ``step``."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_walinspect"))
         start = conn.execute(text("SELECT pg_current_wal_insert_lsn()")).scalar_one()
-    for i in range(cycles):
-        step(i)
+    for _ in range(cycles):
+        step()
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         end = conn.execute(text("SELECT pg_current_wal_insert_lsn()")).scalar_one()
         # pg_walinspect reads only flushed WAL, and the test clusters run with fsync off, which leaves the
@@ -58,7 +58,7 @@ def _cycle(engine: Engine, runner_id: uuid.UUID, worker: str, ending: FinishPara
 def test_a_successful_run_enters_no_status_index_but_the_slot(engine):
     worker = f"entries-{uuid.uuid4().hex[:6]}"
     runner_id = register_runner(engine, [worker])
-    per_cycle = _entries(engine, 20, lambda _: _cycle(engine, runner_id, worker, FinishParams("SUCCESS")))
+    per_cycle = _entries(engine, 20, lambda: _cycle(engine, runner_id, worker, FinishParams("SUCCESS")))
     assert per_cycle == {
         "archive_worker_runs_pkey": 3,  # the insert, the claim, the finish: none is a HOT update
         "archive_worker_runs_run_id_key": 3,
@@ -74,5 +74,5 @@ def test_a_rare_ending_enters_the_endings_index_once(engine):
     worker = f"entries-{uuid.uuid4().hex[:6]}"
     runner_id = register_runner(engine, [worker])
     cancelled = FinishParams("CANCELLED", exit_reason="cancelled")
-    per_cycle = _entries(engine, 10, lambda _: _cycle(engine, runner_id, worker, cancelled))
+    per_cycle = _entries(engine, 10, lambda: _cycle(engine, runner_id, worker, cancelled))
     assert per_cycle.get("ix_worker_runs_ending_id") == 1, per_cycle
