@@ -21,6 +21,7 @@ from tests.panel.test_panel import ensure_idle, wait_db
 pytestmark = [pytest.mark.browser]
 
 TREND_WORKER = "panel-model"  # no runner claims it: the history below is all it has
+SAMPLED_WORKER = "panel-gpu-a"  # no runner of this module serves it: its one run is the 390 px test's own
 CHART = "document.querySelector('figure[data-chart=\"{kind}\"]')"
 HAS_DATA = "() => {{ const f = " + CHART + "; return Boolean(f && f.chart && f.chart.uplot); }}"
 
@@ -44,6 +45,28 @@ def _history(engine: Engine) -> None:
                          {"a": age * 3600, "ms": 1000 * (i + 1), "r": run.run_id})
 
 
+@pytest.fixture(scope="module")
+def trend_history(panel_engine: Engine) -> None:
+    """The history, written once for the module's tests whatever their order (each counts it exactly)."""
+    _history(panel_engine)
+
+
+def _sampled_run(engine: Engine) -> uuid.UUID:
+    """A finished run whose chart has points (two progress samples ten seconds apart, then the finish) and
+    whose runner held a slot for a minute (its slots chart has a busy bucket)."""
+    runner = register_runner(engine, [SAMPLED_WORKER], name=f"sampled-{uuid.uuid4().hex[:6]}")
+    run = ledger.create_running(engine, SAMPLED_WORKER, {}, runner_id=runner, lease_seconds=60)
+    ledger.record_progress(engine, runner, {run.run_id: {"done": 10, "total": 40, "unit": "unit"}})
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archive_worker_run_samples SET at = at - interval '10 seconds' WHERE run_id = :r"),
+                     {"r": run.run_id})
+        conn.execute(text("UPDATE archive_worker_runs SET started_at = started_at - interval '60 seconds' "
+                          "WHERE run_id = :r"), {"r": run.run_id})
+    ledger.record_progress(engine, runner, {run.run_id: {"done": 30, "total": 40, "unit": "unit"}})
+    ledger.finish(engine, run.run_id, runner, FinishParams("SUCCESS", progress={"done": 40, "total": 40}))
+    return run.run_id
+
+
 def _ledger_count(engine: Engine, since: str) -> int:
     with engine.connect() as conn:
         return conn.execute(text("SELECT count(*) FROM archive_worker_runs WHERE worker_name = :w "
@@ -59,8 +82,7 @@ def _bars(page) -> dict:
                            " window: f.chart.raw.window }; }")
 
 
-def test_a_worker_page_shows_runs_per_hour_that_sum_to_the_ledger(page, panel_engine):
-    _history(panel_engine)
+def test_a_worker_page_shows_runs_per_hour_that_sum_to_the_ledger(page, panel_engine, trend_history):
     login(page, *ADMIN)
     expect(page.get_by_role("heading", name="Workers")).to_be_visible()
     page.locator(f'article[data-worker="{TREND_WORKER}"]').get_by_role("link", name="Trend").click()
@@ -120,8 +142,12 @@ def test_a_running_runs_chart_gains_points_live(page, panel_engine, runner_contr
     assert page.evaluate("window.__noReload") is True
 
 
-def test_the_charts_render_at_390_px(browser, live_api, panel_engine, panel_users):
+def test_the_charts_render_at_390_px(browser, live_api, panel_engine, panel_users, trend_history):
+    """Every chart at 390 px, on what this test makes itself (the history, a run with samples): it passes
+    alone and in any order."""
     from tests.panel.helpers import watch_csp
+
+    run_id = _sampled_run(panel_engine)
 
     context = browser.new_context(base_url=live_api, viewport={"width": 390, "height": 844},
                                   color_scheme="dark", reduced_motion="reduce")
@@ -131,14 +157,10 @@ def test_the_charts_render_at_390_px(browser, live_api, panel_engine, panel_user
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     try:
-        with panel_engine.connect() as conn:
-            run_id = conn.execute(text("SELECT run_id FROM archive_worker_runs WHERE worker_name = 'panel-slow' "
-                                       "AND started_at IS NOT NULL ORDER BY id DESC LIMIT 1")).scalar_one_or_none()
         login(page, *ADMIN)
         expect(page.get_by_role("heading", name="Workers")).to_be_visible()
-        targets = [(f"/#/workers/{TREND_WORKER}", ["runs-per-hour", "durations"]), ("/#/runners", ["runner-slots"])]
-        if run_id is not None:
-            targets.append((f"/#/runs/{run_id}", ["run"]))
+        targets = [(f"/#/workers/{TREND_WORKER}", ["runs-per-hour", "durations"]), ("/#/runners", ["runner-slots"]),
+                   (f"/#/runs/{run_id}", ["run"])]
         for url, kinds in targets:
             page.goto(url)
             for kind in kinds:
@@ -151,7 +173,6 @@ def test_the_charts_render_at_390_px(browser, live_api, panel_engine, panel_user
             # Nothing wider than the phone: no sideways scrolling.
             assert page.evaluate("document.documentElement.scrollWidth") <= 390, url
             shot(page, f"charts-04-390px-{url.split('/')[2] if url.count('/') > 1 else 'page'}")
-        assert run_id is not None, "the run of the live test should have left a chart to draw"
     finally:
         context.close()
     assert not errors, errors
