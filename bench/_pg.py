@@ -1,7 +1,7 @@
 """A PostgreSQL for benchmarks: BENCH_DATABASE_URL (a role that may CREATE DATABASE), else a private
 throwaway cluster made with the installed binaries, with PostgreSQL's default durability (fsync on) and
-``pg_stat_statements`` loaded; each bench database gets ``pg_stat_statements`` and ``pg_walinspect``
-where the server has them (``server_cost`` reads them)."""
+``pg_stat_statements`` loaded; each bench database gets ``pg_stat_statements``, ``pg_walinspect`` and
+``pgstattuple`` where the server has them (``server_cost`` reads the first two, ``bench_xmin`` the third)."""
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +18,18 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from scrinalia.db import migrate
+
+BENCH_EXTENSIONS = ("pg_stat_statements", "pg_walinspect", "pgstattuple")
+
+
+def create_extensions(conn, names: tuple[str, ...] = BENCH_EXTENSIONS) -> None:
+    """What the cost benches read, where the server has them: statement counts, the WAL's contents, a
+    table's live and dead bytes. One the server lacks (BENCH_DATABASE_URL's) is left out: its figure is."""
+    for extension in names:
+        try:
+            conn.execute(text(f"CREATE EXTENSION IF NOT EXISTS {extension}"))
+        except Exception:  # not loaded / not installed on this server
+            pass
 
 
 @contextlib.contextmanager
@@ -40,14 +52,9 @@ def bench_database(prefix: str = "bench", revision: str = "head") -> Iterator[st
             conn.execute(text(f'CREATE DATABASE "{name}"'))
         url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
         migrate.upgrade(url, revision)
-        # What the cost benches read, where the server has them: statement counts and the WAL's contents.
         probe = create_engine(make_url(url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT")
         with probe.connect() as conn:
-            for extension in ("pg_stat_statements", "pg_walinspect"):
-                try:
-                    conn.execute(text(f"CREATE EXTENSION IF NOT EXISTS {extension}"))
-                except Exception:  # not loaded / not installed on BENCH_DATABASE_URL's server
-                    pass
+            create_extensions(conn)
         probe.dispose()
         yield url
     finally:
@@ -131,10 +138,7 @@ def run_peer(url: str, python: str, script: str, args: list[str], timeout: float
     try:
         db = create_engine(u.set(drivername="postgresql+psycopg", database=name), isolation_level="AUTOCOMMIT")
         with db.connect() as conn:
-            try:
-                conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
-            except Exception:  # not loaded on BENCH_DATABASE_URL's server: the peer reads no statements
-                pass
+            create_extensions(conn, ("pg_stat_statements", "pgstattuple"))
         db.dispose()
         conninfo = f"host={u.host} port={u.port} user={u.username} dbname={name}"
         done = subprocess.run([python, str(Path(__file__).with_name(script)), conninfo, *args],

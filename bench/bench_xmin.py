@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from bench._pg import bench_database, run_peer
+from bench._pg import bench_database, create_extensions, run_peer
 from scrinalia.db import migrate
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.domains.archive import ledger, registry
@@ -43,6 +43,18 @@ def _sizes(engine) -> dict[str, int]:
     with engine.connect() as conn:
         return {t: int(conn.execute(text("SELECT COALESCE(pg_total_relation_size(to_regclass(:t)), 0)"),
                                     {"t": t}).scalar_one()) for t in TABLES}
+
+
+def _heap(engine) -> dict[str, dict[str, int]]:
+    """Each table's heap in pgstattuple's words: the bytes of live tuples, of dead ones (a version that a
+    later one replaced, kept for the pinned snapshot: under a pin, VACUUM counts it dead and cannot remove
+    it) and of free space. Where pgstattuple is missing, nothing."""
+    with engine.connect() as conn:
+        if conn.execute(text("SELECT count(*) FROM pg_extension WHERE extname = 'pgstattuple'")).scalar_one() == 0:
+            return {}
+        return {t: dict(conn.execute(text("SELECT tuple_len AS live, dead_tuple_len AS dead, free_space AS free "
+                                          "FROM pgstattuple(:t)"), {"t": t}).mappings().one())
+                for t in TABLES if conn.execute(text("SELECT to_regclass(:t)"), {"t": t}).scalar_one()}
 
 
 def _vacuum(engine) -> None:
@@ -75,6 +87,8 @@ def _jobs(engine, runner_id: uuid.UUID, n: int, beats: int, scrape_every: int) -
 def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | None = None) -> dict[str, Any]:
     engine = create_engine_from_url(url, pool_size=2, pool_pre_ping=False)
     try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            create_extensions(conn, ("pgstattuple",))
         if fillfactor:
             with engine.begin() as conn:
                 for t in ("archive_worker_runs", "archive_worker_runners"):
@@ -87,13 +101,13 @@ def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | N
         scrape = args.scrape_every if fold else 0
         _jobs(engine, runner_id, args.warmup, args.beats, scrape)
         _vacuum(engine)
-        before = _sizes(engine)
+        before, heap_before = _sizes(engine), _heap(engine)
         with engine.connect() as pin:
             pin.execution_options(isolation_level="REPEATABLE READ")
             pin.execute(text("SELECT count(*) FROM archive_worker_runs")).scalar_one()  # the snapshot is taken
             _jobs(engine, runner_id, args.jobs, args.beats, scrape)
             _vacuum(engine)
-            after = _sizes(engine)
+            after, heap_after = _sizes(engine), _heap(engine)
             pin.rollback()
     finally:
         engine.dispose()
@@ -101,11 +115,19 @@ def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | N
     return {"ledger": label, "jobs": args.jobs, "beats_per_job": args.beats,
             "bytes_per_job": round(sum(grown.values()) / args.jobs),
             "per_table_bytes_per_job": {t: round(v / args.jobs) for t, v in grown.items() if before[t] or after[t]},
+            "heap_bytes_per_job": _heap_growth(heap_before, heap_after, args.jobs),
             "sizes_after": after}
 
 
+def _heap_growth(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]], jobs: int) -> dict[str, int]:
+    """Live and dead heap bytes added per job, over the ledger's tables: what the ledger keeps (a finished
+    run's row, its sample) against the versions only the pinned snapshot keeps."""
+    return {kind: round(sum(after[t][kind] - before[t][kind] for t in after) / jobs) for kind in ("live", "dead")}
+
+
 def peer_side(url: str, python: str, args: Any) -> dict[str, Any]:
-    return run_peer(url, python, "peer_xmin.py", ["--jobs", str(args.jobs), "--warmup", str(args.warmup)])
+    return run_peer(url, python, "peer_xmin.py", ["--jobs", str(args.jobs), "--warmup", str(args.warmup),
+                                                  "--heartbeat", str(args.peer_heartbeat), "--beats", str(args.beats)])
 
 
 def main() -> None:
@@ -115,6 +137,9 @@ def main() -> None:
     parser.add_argument("--beats", type=int, default=2, help="heartbeats while each job runs")
     parser.add_argument("--scrape-every", type=int, default=50, help="jobs between two scrapes' folds (head)")
     parser.add_argument("--peer-python", default=None, help="a Python with procrastinate installed")
+    parser.add_argument("--peer-heartbeat", type=float, default=0.1,
+                        help="the peer worker's heartbeat; each of its jobs lasts --beats of them (0: its default "
+                             "heartbeat and jobs that return at once)")
     parser.add_argument("--before", default="0019",
                         help="the migration of the 'before' ledger (0017: the per-finish totals trigger; 0019: "
                              "the status index of every write; the code is head's, so 0019 or later for its "
