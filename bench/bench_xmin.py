@@ -10,8 +10,12 @@ one record_progress, finish; from 0018 on, a scrape's fold (``archive_run_totals
 jobs. Before the jobs: ``--warmup`` jobs, VACUUM, the sizes; then a REPEATABLE READ session in that database
 takes its snapshot and stays open (VACUUM can remove no version written after it; the horizon is per
 database), the jobs run, VACUUM, the sizes again. Growth: pg_total_relation_size (heap, indexes, TOAST) of
-the ledger's tables, per job, and per table. Hot rows: the totals (0017: one update per finish), the
-registry row (one per heartbeat), the run's row (claim, start, each beat, the progress, the finish).
+the ledger's tables, per job, and per table; and pgstattuple's live and dead heap bytes (what the ledger keeps
+against the versions only the pinned snapshot keeps). Hot rows: the totals (0017: one update per finish),
+the registry row (one per heartbeat), the run's row (claim, start, each beat, the progress, the finish).
+The peer keeps the same cadence: its worker renews its row every ``--peer-heartbeat`` seconds and each of
+its jobs lasts ``--beats`` of them. Two runs at different ``--beats`` give the cost of a beat (the slope)
+and of a job without one.
 Run: .venv/bin/python bench/bench_xmin.py --peer-python /tmp/peers-venv/bin/python [--jobs 300] [--beats 2]
 """
 from __future__ import annotations
