@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -68,24 +70,44 @@ def _vacuum(engine) -> None:
                 conn.execute(text(f"VACUUM {t}"))
 
 
-def _jobs(engine, runner_id: uuid.UUID, n: int, beats: int, scrape_every: int) -> None:
+def _jobs(engine, runner_id: uuid.UUID, n: int, beats: int, scrape_every: int) -> list[tuple[float, float]]:
+    """Run ``n`` jobs; each job's (seconds for the whole cycle, median seconds of its heartbeats)."""
+    timings = []
     for i in range(n):
         worker = WORKERS[i % len(WORKERS)]
+        started = time.perf_counter()
         ledger.enqueue(engine, worker, {})
         run = ledger.claim_next(engine, runner_id, WORKERS, LEASE_S)
         assert run is not None
         ledger.record_start(engine, run.run_id, runner_id, ledger.StartParams(None, None, None, None))
         children = [{"pid": 1000 + i, "run_id": str(run.run_id), "worker": worker}]
+        beat_seconds = []
         for b in range(beats):
+            t = time.perf_counter()
             ledger.heartbeat(engine, runner_id, LEASE_S, progress={run.run_id: {"done": b, "total": beats}},
                              children=children if b == 0 else None)
+            beat_seconds.append(time.perf_counter() - t)
         ledger.record_progress(engine, runner_id, {run.run_id: {"done": beats, "total": beats}})
         ledger.finish(engine, run.run_id, runner_id,
                       ledger.FinishParams("SUCCESS", progress={"done": beats, "total": beats}))
+        t = time.perf_counter()
         ledger.heartbeat(engine, runner_id, LEASE_S, children=[])  # the idle beat after the child exits
+        beat_seconds.append(time.perf_counter() - t)
+        timings.append((time.perf_counter() - started, statistics.median(beat_seconds)))
         if scrape_every and (i + 1) % scrape_every == 0:
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.execute(text("SELECT archive_run_totals_fold()"))
+    return timings
+
+
+def _slowdown(timings: list[tuple[float, float]], window: int = 50) -> dict[str, float]:
+    """The median job cycle and heartbeat of the first and the last ``window`` jobs under the pin, in ms:
+    what the versions the pin keeps cost the statements that must step over them (the hot rows' chains)."""
+    out = {}
+    for name, part in (("first", timings[:window]), ("last", timings[-window:])):
+        out[f"job_{name}_ms"] = round(statistics.median(j for j, _ in part) * 1000, 2)
+        out[f"beat_{name}_ms"] = round(statistics.median(b for _, b in part) * 1000, 2)
+    return out
 
 
 def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | None = None) -> dict[str, Any]:
@@ -109,7 +131,7 @@ def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | N
         with engine.connect() as pin:
             pin.execution_options(isolation_level="REPEATABLE READ")
             pin.execute(text("SELECT count(*) FROM archive_worker_runs")).scalar_one()  # the snapshot is taken
-            _jobs(engine, runner_id, args.jobs, args.beats, scrape)
+            timings = _jobs(engine, runner_id, args.jobs, args.beats, scrape)
             _vacuum(engine)
             after, heap_after = _sizes(engine), _heap(engine)
             pin.rollback()
@@ -120,6 +142,7 @@ def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | N
             "bytes_per_job": round(sum(grown.values()) / args.jobs),
             "per_table_bytes_per_job": {t: round(v / args.jobs) for t, v in grown.items() if before[t] or after[t]},
             "heap_bytes_per_job": _heap_growth(heap_before, heap_after, args.jobs),
+            "under_the_pin": _slowdown(timings),
             "sizes_after": after}
 
 
