@@ -241,11 +241,15 @@ archive_worker_setting_revisions = Table(
 
 # --- the ledger (and the queue) --------------------------------------------------------------------
 
-_quoted_statuses = ", ".join(f"'{s}'" for s in ACTIVE_STATUSES)
+
+def _status_in(statuses: tuple[str, ...]) -> str:
+    return "status IN (" + ", ".join(f"'{s}'" for s in statuses) + ")"
+
+
 #: The predicates of the two partial indexes that hold a status's rows (the slot; the rare endings): the
 #: runs list restates a filter within one of them so that any plan may read that index (decision 0391).
-ACTIVE_PREDICATE = f"status IN ({_quoted_statuses})"
-RARE_ENDING_PREDICATE = "status IN (" + ", ".join(f"'{s}'" for s in RARE_ENDINGS) + ")"
+ACTIVE_PREDICATE = _status_in(ACTIVE_STATUSES)
+RARE_ENDING_PREDICATE = _status_in(RARE_ENDINGS)
 _quoted_reasons = ", ".join(f"'{r}'" for r in EXIT_REASONS)
 
 archive_worker_runs = Table(
