@@ -15,8 +15,10 @@ against the versions only the pinned snapshot keeps). Hot rows: the totals (0017
 the registry row (one per heartbeat), the run's row (claim, start, each beat, the progress, the finish).
 The peer keeps the same cadence: its worker renews its row every ``--peer-heartbeat`` seconds and each of
 its jobs lasts ``--beats`` of them. Two runs at different ``--beats`` give the cost of a beat (the slope)
-and of a job without one.
+and of a job without one; ``--steps-sweep`` adds head ledgers whose jobs make the runner's writes one more at
+a time (``STEPS``), from enqueue, claim and finish alone: what each write of a job costs.
 Run: .venv/bin/python bench/bench_xmin.py --peer-python /tmp/peers-venv/bin/python [--jobs 300] [--beats 2]
+     [--steps-sweep]
 """
 from __future__ import annotations
 
@@ -70,8 +72,16 @@ def _vacuum(engine) -> None:
                 conn.execute(text(f"VACUUM {t}"))
 
 
-def _jobs(engine, runner_id: uuid.UUID, n: int, beats: int, scrape_every: int) -> list[tuple[float, float]]:
-    """Run ``n`` jobs; each job's (seconds for the whole cycle, median seconds of its heartbeats)."""
+STEPS = ("start", "progress", "beats", "idle")  # a job's writes after its enqueue and claim, before its finish
+
+
+def _jobs(engine, runner_id: uuid.UUID, n: int, beats: int, scrape_every: int,
+          steps: tuple[str, ...] = STEPS) -> list[tuple[float, float]]:
+    """Run ``n`` jobs; each job's (seconds for the whole cycle, median seconds of its heartbeats, or of the
+    cycle without any). ``steps``: which of the runner's writes a job makes besides enqueue, claim and finish
+    (the three no queue with a claim does without): ``start`` record_start, ``progress`` the last
+    record_progress and the finish's progress, ``beats`` the heartbeats (the run's lease and progress; the
+    first one writes the registry's children), ``idle`` the beat after the child (the children cleared)."""
     timings = []
     for i in range(n):
         worker = WORKERS[i % len(WORKERS)]
@@ -79,21 +89,25 @@ def _jobs(engine, runner_id: uuid.UUID, n: int, beats: int, scrape_every: int) -
         ledger.enqueue(engine, worker, {})
         run = ledger.claim_next(engine, runner_id, WORKERS, LEASE_S)
         assert run is not None
-        ledger.record_start(engine, run.run_id, runner_id, ledger.StartParams(None, None, None, None))
+        if "start" in steps:
+            ledger.record_start(engine, run.run_id, runner_id, ledger.StartParams(None, None, None, None))
         children = [{"pid": 1000 + i, "run_id": str(run.run_id), "worker": worker}]
         beat_seconds = []
-        for b in range(beats):
+        for b in range(beats if "beats" in steps else 0):
             t = time.perf_counter()
             ledger.heartbeat(engine, runner_id, LEASE_S, progress={run.run_id: {"done": b, "total": beats}},
                              children=children if b == 0 else None)
             beat_seconds.append(time.perf_counter() - t)
-        ledger.record_progress(engine, runner_id, {run.run_id: {"done": beats, "total": beats}})
-        ledger.finish(engine, run.run_id, runner_id,
-                      ledger.FinishParams("SUCCESS", progress={"done": beats, "total": beats}))
-        t = time.perf_counter()
-        ledger.heartbeat(engine, runner_id, LEASE_S, children=[])  # the idle beat after the child exits
-        beat_seconds.append(time.perf_counter() - t)
-        timings.append((time.perf_counter() - started, statistics.median(beat_seconds)))
+        final = {"done": beats, "total": beats} if "progress" in steps else None
+        if final is not None:
+            ledger.record_progress(engine, runner_id, {run.run_id: final})
+        ledger.finish(engine, run.run_id, runner_id, ledger.FinishParams("SUCCESS", progress=final))
+        if "idle" in steps:
+            t = time.perf_counter()
+            ledger.heartbeat(engine, runner_id, LEASE_S, children=[])  # the idle beat after the child exits
+            beat_seconds.append(time.perf_counter() - t)
+        elapsed = time.perf_counter() - started
+        timings.append((elapsed, statistics.median(beat_seconds) if beat_seconds else elapsed))
         if scrape_every and (i + 1) % scrape_every == 0:
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.execute(text("SELECT archive_run_totals_fold()"))
@@ -110,7 +124,8 @@ def _slowdown(timings: list[tuple[float, float]], window: int = 50) -> dict[str,
     return out
 
 
-def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | None = None) -> dict[str, Any]:
+def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | None = None,
+                steps: tuple[str, ...] = STEPS) -> dict[str, Any]:
     engine = create_engine_from_url(url, pool_size=2, pool_pre_ping=False)
     try:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -125,20 +140,21 @@ def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | N
             schema_revision=None, capabilities=WORKERS, concurrency=1, heartbeat_seconds=HEARTBEAT_S,
             lease_seconds=LEASE_S))
         scrape = args.scrape_every if fold else 0
-        _jobs(engine, runner_id, args.warmup, args.beats, scrape)
+        _jobs(engine, runner_id, args.warmup, args.beats, scrape, steps)
         _vacuum(engine)
         before, heap_before = _sizes(engine), _heap(engine)
         with engine.connect() as pin:
             pin.execution_options(isolation_level="REPEATABLE READ")
             pin.execute(text("SELECT count(*) FROM archive_worker_runs")).scalar_one()  # the snapshot is taken
-            timings = _jobs(engine, runner_id, args.jobs, args.beats, scrape)
+            timings = _jobs(engine, runner_id, args.jobs, args.beats, scrape, steps)
             _vacuum(engine)
             after, heap_after = _sizes(engine), _heap(engine)
             pin.rollback()
     finally:
         engine.dispose()
     grown = {t: after[t] - before[t] for t in TABLES}
-    return {"ledger": label, "jobs": args.jobs, "beats_per_job": args.beats,
+    return {"ledger": label, "jobs": args.jobs, "beats_per_job": args.beats if "beats" in steps else 0,
+            "steps": ["enqueue", "claim", *steps, "finish"],
             "bytes_per_job": round(sum(grown.values()) / args.jobs),
             "per_table_bytes_per_job": {t: round(v / args.jobs) for t, v in grown.items() if before[t] or after[t]},
             "heap_bytes_per_job": _heap_growth(heap_before, heap_after, args.jobs),
@@ -157,6 +173,20 @@ def peer_side(url: str, python: str, args: Any) -> dict[str, Any]:
                                                   "--heartbeat", str(args.peer_heartbeat), "--beats", str(args.beats)])
 
 
+def _head_apart(admin, u, suffix: str, label: str, args: Any, **side: Any) -> dict[str, Any]:
+    """One more head ledger in a database of its own (``side``: ``ledger_side``'s options)."""
+    name = f"{u.database}_{suffix}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        url = u.set(database=name).render_as_string(hide_password=False)
+        migrate.upgrade(url)
+        return ledger_side(url, label, args, fold=True, **side)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=300)
@@ -173,6 +203,10 @@ def main() -> None:
                              "heartbeat's `warm` column)")
     parser.add_argument("--fillfactor", type=int, default=None,
                         help="also head with this fill factor on the runs and the registry (its own database)")
+    parser.add_argument("--steps-sweep", action="store_true",
+                        help="also head with jobs of enqueue, claim and finish only, then adding record_start, "
+                             "the progress, the beats one at a time (each in its own database): what each write "
+                             "of a job costs, and the least a run's row costs whatever the heartbeat's design")
     args = parser.parse_args()
     with bench_database("bench_xmin") as url:
         u = make_url(url)
@@ -187,14 +221,13 @@ def main() -> None:
             results = [ledger_side(before_url, args.before, args, fold=args.before >= "0018"),
                        ledger_side(url, "head", args, fold=True)]
             if args.fillfactor:
-                with admin.connect() as conn:
-                    conn.execute(text(f'CREATE DATABASE "{u.database}_ff"'))
-                ff_url = u.set(database=f"{u.database}_ff").render_as_string(hide_password=False)
-                migrate.upgrade(ff_url)
-                results.append(ledger_side(ff_url, f"head, fillfactor {args.fillfactor}", args, fold=True,
+                results.append(_head_apart(admin, u, "ff", f"head, fillfactor {args.fillfactor}", args,
                                            fillfactor=args.fillfactor))
-                with admin.connect() as conn:
-                    conn.execute(text(f'DROP DATABASE IF EXISTS "{u.database}_ff" WITH (FORCE)'))
+            if args.steps_sweep:
+                for k in range(len(STEPS)):
+                    steps = STEPS[:k]
+                    results.append(_head_apart(admin, u, f"steps{k}", "head, " + " + ".join(
+                        ["enqueue", "claim", *steps, "finish"]), args, steps=steps))
             if args.peer_python:
                 results.append(peer_side(url, args.peer_python, args))
         finally:
