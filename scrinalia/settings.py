@@ -231,9 +231,21 @@ class DatabaseTls(BaseSettings):
     @field_validator("db_sslrootcert")
     @classmethod
     def _cert_exists(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
+        """Opened here, not only looked at: a CA file the service's user cannot read (``0600 root``) would
+        otherwise pass the start and fail every connection later, as a TLS error far from its cause."""
+        if value is None:
+            return value
+        if not value.is_file():
             raise ValueError(f"DB_SSLROOTCERT={str(value)!r} is not a readable file (a PEM file of the CA that "
                              "signed the server's certificate; leave it empty or unset for libpq's default)")
+        try:
+            with value.open("rb"):
+                pass
+        except OSError as exc:
+            reason = (exc.strerror or "cannot be opened").lower()
+            raise ValueError(f"DB_SSLROOTCERT={str(value)!r} is not a readable file ({reason} for this process's "
+                             "user: make it readable by the service's user, e.g. mode 0640 and group scrinalia)"
+                             ) from None
         return value
 
 

@@ -1,5 +1,6 @@
 """The operator's words (issue: wording): one rule for plurals, an empty DB_SSLROOTCERT is unset, and a
-DB_SSLROOTCERT that is no file says what it wants. The CLIs run as processes against a real database."""
+DB_SSLROOTCERT that is no file, or a file this process cannot read, says what it wants. The CLIs run as
+processes against a real database."""
 from __future__ import annotations
 
 import os
@@ -43,3 +44,31 @@ def test_the_clis_read_an_empty_db_sslrootcert_as_unset(database_url: str) -> No
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "DB_SSLROOTCERT='/nonexistent/ca.pem' is not a readable file" in bad.stderr
     assert "DB_SSLROOTCERT . " not in bad.stderr
+
+
+def _as_a_service_user() -> list[str]:
+    """A command prefix under which file modes hold: root reads any file, so as root the child runs without
+    the capabilities that let it (the service's user, which is not root, has neither)."""
+    if os.geteuid() != 0:
+        return []
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+
+
+def test_a_db_sslrootcert_the_service_cannot_read_stops_the_start(database_url: str, tmp_path: Path) -> None:
+    ca = tmp_path / "db-ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    env = {**os.environ, "DATABASE_URL": database_url, "DB_SSLROOTCERT": str(ca), "PYTHONPATH": str(ROOT)}
+    check = [*_as_a_service_user(), sys.executable, "-c", "from scrinalia.settings import DatabaseTls; DatabaseTls()"]
+    ca.chmod(0o644)
+    readable = subprocess.run(check, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert readable.returncode == 0, readable.stderr
+    if os.geteuid() == 0:
+        os.chown(ca, 65534, 65534)  # another user's file, mode 0600
+        ca.chmod(0o600)
+    else:
+        ca.chmod(0o000)
+    bad = subprocess.run([*_as_a_service_user(), sys.executable, "-m", "runner.cli", "status", "--all"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2, bad.stderr
+    assert f"DB_SSLROOTCERT={str(ca)!r} is not a readable file (permission denied" in bad.stderr
+    assert "Traceback" not in bad.stderr
