@@ -65,9 +65,10 @@ def child_connect_args(settings: Settings | None, options: RunnerOptions | None 
 def check_schema(engine: Engine) -> str:
     """The database's revision when it is the bundled head. Otherwise ``SchemaBehind`` (an older revision
     of these migrations, or none: migrate first, exit 4) or ``SchemaAhead`` (a revision they do not know:
-    a newer release migrated it, so this runner is the one to upgrade, exit 7)."""
+    a newer release migrated it, so this runner is the one to upgrade, exit 7), even when that schema
+    declares this release compatible: the runner's statements are the ledger's protocol (decision 0392)."""
     with engine.connect() as conn:
-        return migrate.require_head(conn, "runner")
+        return migrate.require_head(conn, "runner")[0]
 
 
 def registration(

@@ -354,7 +354,8 @@ class HealthOut(BaseModel):
 
     status: Literal["ok", "degraded"]
     database: Literal["ok", "unreachable"]
-    schema_state: Literal["current", "behind", "ahead_or_unknown", "unknown"] = Field(alias="schema")
+    schema_state: Literal["current", "behind", "ahead_compatible", "ahead_or_unknown", "unknown"] = Field(
+        alias="schema")
     version: str
     #: The live panel's LISTEN: hears | deaf (notifications do not arrive, e.g. through PgBouncer in
     #: transaction mode: the panel polls) | connecting | idle (no stream open). Not part of "status".

@@ -55,12 +55,13 @@ def current() -> None:
     they differ."""
     engine = app_engine(get_settings(), application_name="scrinalia-cli")
     with engine.connect() as conn:
-        revision = migrate.current_revision(conn)
+        revision, state = migrate.read_schema_state(conn)
     engine.dispose()
     head = migrate.head_revision()
-    state = migrate.schema_state(revision)
     said = {"current": "", "behind": " (behind this release: scrinalia db upgrade)",
-            "ahead": " (ahead of this release: a newer release migrated it; upgrade this installation)"}[state]
+            "ahead": " (ahead of this release: a newer release migrated it; upgrade this installation)",
+            "ahead_compatible": " (ahead of this release: a newer release migrated it and declares this "
+                                "release's API and scheduler compatible; upgrade this installation)"}[state]
     click.echo(f"database: {revision or '(none)'}{said}\nbundled head: {head}")
     if state != "current":
         raise SystemExit(1)

@@ -53,31 +53,34 @@ def run(interval: float) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    if _schema_checked(engine, interval, stop):
+    revision = _schema_checked(engine, interval, stop)
+    if revision is not None:
+        from scrinalia.db import migrate
         from scrinalia.sdnotify import notify
 
-        notify("READY=1", f"STATUS=schema current; ticking every {interval:g} s")
+        schema = "current" if revision == migrate.head_revision() else f"{revision} (newer, compatible)"
+        notify("READY=1", f"STATUS=schema {schema}; ticking every {interval:g} s")
         Scheduler(engine, quarantine_after=get_settings().scheduler_quarantine_after,
                   samples_retention_days=get_settings().run_samples_retention_days,
                   leader_engine=_leader_engine()).serve(interval, stop)
 
 
-def _schema_checked(engine, interval: float, stop: threading.Event) -> bool:
-    """Whether the schema is the bundled head (exits 4 or 7 when it is not). A database that does not
-    answer yet is waited for, one line per try, as the ticks do: the service outlasts an outage, and
-    only the schema's answer can stop it. False: stopped (SIGTERM) before the database answered."""
+def _schema_checked(engine, interval: float, stop: threading.Event) -> str | None:
+    """The database's revision once the scheduler may serve on it (exits 4 or 7 when it may not). A
+    database that does not answer yet is waited for, one line per try, as the ticks do: the service
+    outlasts an outage, and only the schema's answer can stop it. None: stopped (SIGTERM) before the
+    database answered."""
     from scrinalia.cli.schema import require_head_or_exit
     from scrinalia.db.errors import database_errors, database_problem
 
     while not stop.is_set():
         try:
-            require_head_or_exit(engine, "scheduler")
-            return True
+            return require_head_or_exit(engine, "scheduler")
         except database_errors() as exc:
             log.warning("scheduler start: the schema cannot be checked: %s; retrying in %.0f s",
                         database_problem(exc), interval)
         stop.wait(interval)
-    return False
+    return None
 
 
 @command.command("add")

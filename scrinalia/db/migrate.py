@@ -9,6 +9,12 @@ The check tells the truth in both directions (docs/operations.md, "Upgrading"):
   is *ahead* of the code, ``SchemaAhead``, exit code 7: this process is the one to upgrade. Migrating
   with this release cannot help (alembic cannot go from a revision it does not have), so ``upgrade``
   refuses it too, in one line, instead of alembic's traceback.
+
+A schema ahead may declare earlier code compatible (decision 0392): ``scrinalia_schema_oldest_compatible()``
+names the oldest revision whose code may still run on it. When this code knows that revision, the schema
+is *ahead but compatible*: the API and the scheduler serve on it (a rollback of those two, the previous
+API through the next upgrade's window); the runner, whose statements are the ledger's protocol, still
+refuses it.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ EXIT_SCHEMA_BEHIND = 4
 #: The exit code of a process that refuses a schema ahead of its code (upgrade the process).
 EXIT_SCHEMA_AHEAD = 7
 
-SchemaState = Literal["current", "behind", "ahead"]
+SchemaState = Literal["current", "behind", "ahead", "ahead_compatible"]
 
 
 class SchemaMismatch(RuntimeError):
@@ -99,26 +105,47 @@ def current_revision(conn: Connection) -> str | None:
     return conn.execute(text("SELECT version_num FROM alembic_version LIMIT 1")).scalar()
 
 
-def schema_state(current: str | None) -> SchemaState:
-    """Where the database's revision stands against this code's migrations."""
+def oldest_compatible(conn: Connection) -> str | None:
+    """The oldest revision whose code the database's schema says may still run on it (decision 0392), or
+    None where the schema predates the declaration (migration 0021)."""
+    declared = conn.execute(text("SELECT to_regprocedure('scrinalia_schema_oldest_compatible()') IS NOT NULL"))
+    if not declared.scalar_one():
+        return None
+    return conn.execute(text("SELECT scrinalia_schema_oldest_compatible()")).scalar_one()
+
+
+def schema_state(current: str | None, oldest: str | None = None) -> SchemaState:
+    """Where the database's revision stands against this code's migrations; ``oldest``: what the schema
+    declares (``oldest_compatible``), which a schema ahead is read with."""
     if current == head_revision():
         return "current"
     if current is None or current in known_revisions():
         return "behind"
-    return "ahead"
+    return "ahead_compatible" if oldest is not None and oldest in known_revisions() else "ahead"
 
 
-def require_head(conn: Connection, component: str) -> str:
-    """The database's revision when it is the bundled head; else ``SchemaBehind`` or ``SchemaAhead``."""
+def read_schema_state(conn: Connection, *, declared: bool = True) -> tuple[str | None, SchemaState]:
+    """The database's revision and where it stands; a schema ahead is read with its declaration unless
+    ``declared`` is False (then it is "ahead" whatever it says)."""
     current = current_revision(conn)
     state = schema_state(current)
+    if state == "ahead" and declared:
+        state = schema_state(current, oldest_compatible(conn))
+    return current, state
+
+
+def require_head(conn: Connection, component: str, *, serve_compatible: bool = False) -> tuple[str, SchemaState]:
+    """The database's revision and its state when this code may run on it: the bundled head, or (with
+    ``serve_compatible``: the API, the scheduler) a schema ahead that declares this code compatible. Else
+    ``SchemaBehind`` or ``SchemaAhead``."""
+    current, state = read_schema_state(conn, declared=serve_compatible)
     if state == "behind":
         raise SchemaBehind(current, head_revision(), component)
     if state == "ahead":
         assert current is not None
         raise SchemaAhead(current, head_revision(), component)
     assert current is not None
-    return current
+    return current, state
 
 
 class UnknownTarget(ValueError):
@@ -147,7 +174,7 @@ def _migrate(url: DatabaseUrl | str, revision: str, run: Callable[[Config, str],
     try:
         with engine.connect() as conn:
             current = current_revision(conn)
-            if schema_state(current) == "ahead":
+            if schema_state(current) == "ahead":  # compatible or not: alembic cannot start from it
                 assert current is not None
                 raise SchemaAhead(current, head_revision(), "release")
             config = alembic_config(url)

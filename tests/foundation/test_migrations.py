@@ -1,6 +1,8 @@
 """The schema is created only by alembic, and the migrations round-trip."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from alembic import command
 from alembic.script import Script, ScriptDirectory
 from sqlalchemy import inspect, text
@@ -67,21 +69,59 @@ def test_no_migration_removes_what_the_code_before_it_relies_on(empty_database_u
     engine = create_engine_from_url(empty_database_url)
     problems: list[str] = []
     before: Snapshot | None = None
+    declarations: list[tuple[str, bool, str | None]] = []
     try:
         for revision in _revisions_in_order():
             migrate.upgrade(empty_database_url, revision.revision)
             with engine.connect() as conn:
                 after = schema_facts(conn)
+                oldest = migrate.oldest_compatible(conn)
+            declared = set(getattr(revision.module, "CONTRACT", ()))
             if before is not None:
-                declared = set(getattr(revision.module, "CONTRACT", ()))
                 lost = removed(before, after)
                 problems += [f"{revision.revision} removes: {fact}" for fact in sorted(lost - declared)]
                 problems += [f"{revision.revision} declares a contract it does not make: {fact}"
                              for fact in sorted(declared - lost)]
+            declarations.append((revision.revision, bool(declared), oldest))
             before = after
     finally:
         engine.dispose()
+    problems += contract_steps_that_keep_the_declaration(declarations)
     assert not problems, "\n".join(problems)
+
+
+def contract_steps_that_keep_the_declaration(walk: Sequence[tuple[str, bool, str | None]]) -> list[str]:
+    """Decision 0392: a migration that removes what earlier code reads (a non-empty ``CONTRACT``) must say
+    so to that code, by raising ``scrinalia_schema_oldest_compatible()`` to a later revision. ``walk``: per
+    revision in order, whether it contracts and the declaration after it (None before migration 0021)."""
+    order = [revision for revision, _, _ in walk]
+    problems = []
+    for (_, _, previous), (revision, contracts, oldest) in zip(walk, walk[1:], strict=False):
+        if previous is None or not contracts:
+            continue
+        if oldest is None or oldest not in order or order.index(oldest) <= order.index(previous):
+            problems.append(f"{revision} contracts but leaves scrinalia_schema_oldest_compatible() at "
+                            f"{oldest!r} (was {previous!r}): earlier code would still take it for compatible")
+    return problems
+
+
+def test_a_contract_step_must_raise_the_declaration():
+    """The rule above, on walks that break and keep it (no migration of this release contracts yet)."""
+    first = ("0001_initial", False, None)
+    kept = [first, ("0021", False, "0001_initial"), ("0022", False, "0001_initial"), ("0023", True, "0021")]
+    assert contract_steps_that_keep_the_declaration(kept) == []
+    unchanged = [first, ("0021", False, "0001_initial"), ("0022", True, "0001_initial")]
+    assert contract_steps_that_keep_the_declaration(unchanged) == [
+        "0022 contracts but leaves scrinalia_schema_oldest_compatible() at '0001_initial' (was '0001_initial'): "
+        "earlier code would still take it for compatible"]
+    assert contract_steps_that_keep_the_declaration([("0010", True, None), ("0011", True, None)]) == []
+
+
+def test_the_schema_declares_the_previous_release_compatible(engine):
+    """Head's declaration names the previous release's newest revision: that release runs on this schema
+    (test_previous_release.py), and nothing older exists."""
+    with engine.connect() as conn:
+        assert migrate.oldest_compatible(conn) == "0001_initial" == _revisions_in_order()[0].revision
 
 
 def test_the_facts_catch_a_dropped_column_a_narrowed_check_and_a_required_column(engine):

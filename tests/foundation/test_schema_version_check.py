@@ -2,14 +2,19 @@
 schema ahead of it (a revision this release does not know) says "upgrade this <process>" (exit 7), for
 the runner (daemon and one-shot), the API and the scheduler at start; ``scrinalia db upgrade`` refuses a
 database ahead of it in one line (exit 7), migrates one behind it, and refuses an unknown target (exit 2).
-Real processes against a real database whose revision is set as an older or a newer release leaves it."""
+A schema ahead that declares this release compatible (decision 0392) is served by the API (``/healthz``
+200) and the scheduler, with one warning line, and still refused by the runner. Real processes against a
+real database whose revision is set as an older or a newer release leaves it."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import text
 
@@ -30,11 +35,17 @@ def _env(url: str) -> dict[str, str]:
     return env
 
 
-def _set_revision(url: str, revision: str) -> None:
+def _set_revision(url: str, revision: str, oldest_compatible: str | None = None) -> None:
+    """The database as the release of ``revision`` leaves it; a newer one declares the oldest revision whose
+    code may still run on it (decision 0392): by default its own, which this release does not know."""
     engine = create_engine_from_url(url)
     try:
         with engine.begin() as conn:
             conn.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
+            if revision not in migrate.known_revisions():
+                oldest = oldest_compatible or revision
+                conn.execute(text(f"CREATE OR REPLACE FUNCTION scrinalia_schema_oldest_compatible() RETURNS text "
+                                  f"LANGUAGE sql IMMUTABLE AS $$ SELECT '{oldest}'::text $$"))
     finally:
         engine.dispose()
 
@@ -78,6 +89,75 @@ def test_a_schema_ahead_says_upgrade_this_process_with_exit_7(process, database_
             in done.stderr), done.stderr
     assert "migrate first" not in done.stderr and "Traceback" not in done.stderr
     assert _revision(database_url) == FUTURE  # nothing was changed
+
+
+@pytest.mark.parametrize("process", ["runner", "one-shot runner"])
+def test_the_runner_refuses_a_schema_ahead_even_when_it_declares_this_release_compatible(process, database_url,
+                                                                                        tmp_path):
+    _set_revision(database_url, FUTURE, oldest_compatible="0001_initial")
+    done = _run(_commands(tmp_path)[process], database_url)
+    assert done.returncode == migrate.EXIT_SCHEMA_AHEAD, done.stdout + done.stderr
+    assert f"this runner is older than the database's schema (revision {FUTURE})" in done.stderr, done.stderr
+
+
+def _warned_then_serving(proc: subprocess.Popen[str], component: str) -> list[str]:
+    """The process's stderr lines up to its warning about the schema ahead (bounded), failing if it exits."""
+    assert proc.stderr is not None
+    deadline, lines = time.monotonic() + 60, []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "declares this release compatible: serving" in line:
+            assert (f"warning: the database schema (revision {FUTURE}) is newer than this {component} "
+                    f"({migrate.head_revision()})") in line, line
+            return lines
+    raise AssertionError(f"no warning line; exit {proc.poll()}:\n{''.join(lines)}")
+
+
+def test_the_api_serves_a_schema_ahead_that_declares_this_release_compatible(database_url, tmp_path):
+    _set_revision(database_url, FUTURE, oldest_compatible="0001_initial")
+    argv = _commands(tmp_path)["API"]
+    port = argv[argv.index("--port") + 1]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=_env(database_url), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        _warned_then_serving(proc, "API")
+        deadline, health = time.monotonic() + 60, None
+        while health is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert health is not None, f"the API never answered (exit {proc.poll()})"
+        assert health.status_code == 200, health.text
+        assert health.json()["schema"] == "ahead_compatible" and health.json()["status"] == "ok"
+        _set_revision(database_url, FUTURE)  # a later migration no longer declares it: degraded, as before
+        refused = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+        assert refused.status_code == 503 and refused.json()["schema"] == "ahead_or_unknown", refused.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert _revision(database_url) == FUTURE
+
+
+def test_the_scheduler_serves_a_schema_ahead_that_declares_this_release_compatible(database_url, tmp_path):
+    _set_revision(database_url, FUTURE, oldest_compatible=migrate.head_revision())
+    proc = subprocess.Popen(_commands(tmp_path)["scheduler"], cwd=ROOT, env=_env(database_url),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        _warned_then_serving(proc, "scheduler")
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    current = _run([sys.executable, "-m", "scrinalia.cli.main", "db", "current"], database_url)
+    assert current.returncode == 1
+    assert "declares this release's API and scheduler compatible" in current.stdout, current.stdout
 
 
 @pytest.mark.parametrize("process", ["runner", "one-shot runner", "API", "scheduler"])

@@ -21,6 +21,7 @@ from scrinalia.api.errors import forbidden, not_found, unauthenticated
 from scrinalia.api.schemas import ErrorOut, HealthOut
 from scrinalia.api.security import OPERATE_ROLE, Principal, bearer_scheme, optional_principal
 from scrinalia.db import migrate
+from scrinalia.db.engine import one_statement
 
 log = logging.getLogger("scrinalia.api.health")
 router = APIRouter(tags=["health"])
@@ -42,12 +43,21 @@ def health(request: Request) -> JSONResponse:
         schema = "behind"
     else:
         try:
-            schema = "behind" if revision in migrate.known_revisions() else "ahead_or_unknown"
+            schema = "behind" if revision in migrate.known_revisions() else _ahead(request, revision)
         except Exception:  # the migrations cannot be read: the database's revision is unknown
             schema = "ahead_or_unknown"
-    status = "ok" if schema == "current" else "degraded"
+    # A schema ahead that declares this release compatible is served (decision 0392): through the next
+    # upgrade's window a load balancer keeps this API, and a rolled-back API is taken back.
+    status = "ok" if schema in ("current", "ahead_compatible") else "degraded"
     body = {"status": status, "database": "ok", "schema": schema, "version": version, "notifications": notifications}
     return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+
+def _ahead(request: Request, revision: str) -> str:
+    """A revision these migrations do not know: what the schema says of this release (decision 0392)."""
+    with one_statement(ctx(request).engine) as conn:
+        state = migrate.schema_state(revision, migrate.oldest_compatible(conn))
+    return "ahead_compatible" if state == "ahead_compatible" else "ahead_or_unknown"
 
 
 router.add_api_route("/healthz", health, methods=["GET"], response_model=HealthOut,
