@@ -1,7 +1,8 @@
 """The API's own settings (environment variables prefixed ``API_``), next to the shared ``Settings``.
 
 The only secret is ``API_METRICS_TOKEN`` (held as a ``SecretStr``, never echoed). The session, CSRF and
-device tokens are random per login and live in the database (only their SHA-256), so the API needs no
+device tokens are random per login and live in the database (the session's and the device's as their
+SHA-256; the CSRF token as it is, worth nothing without the session's cookie), so the API needs no
 signing key and every process of ``uvicorn --workers N`` agrees without sharing memory.
 """
 from __future__ import annotations
