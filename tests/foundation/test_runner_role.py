@@ -268,3 +268,13 @@ def test_the_documented_grant_table_is_the_code():
     doc = (ROOT / "docs" / "security.md").read_text()
     missing = [row for row in grant_rows() if row not in doc]
     assert not missing, "docs/security.md lacks:\n" + "\n".join(missing)
+
+
+def test_the_documented_no_access_list_is_the_code():
+    """docs/security.md's "No access at all" paragraph names every table of NO_ACCESS."""
+    from scrinalia.db.roles import NO_ACCESS
+
+    doc = (ROOT / "docs" / "security.md").read_text()
+    paragraph = doc[doc.index("No access at all:"):].split("\n\n", 1)[0]
+    missing = [table for table in NO_ACCESS if f"`{table}`" not in paragraph]
+    assert not missing, f"docs/security.md's 'No access at all' lacks: {missing}"
