@@ -16,12 +16,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import text
 
 from runner import options as runner_options
 from scrinalia.db import migrate
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.db.local_cluster import free_port
+from tests.foundation.schema_revision import set_revision
 
 ROOT = Path(__file__).resolve().parents[2]
 FUTURE = "0099_from_a_newer_release"
@@ -36,16 +36,9 @@ def _env(url: str) -> dict[str, str]:
 
 
 def _set_revision(url: str, revision: str, oldest_compatible: str | None = None) -> None:
-    """The database as the release of ``revision`` leaves it; a newer one declares the oldest revision whose
-    code may still run on it (decision 0392): by default its own, which this release does not know."""
     engine = create_engine_from_url(url)
     try:
-        with engine.begin() as conn:
-            conn.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
-            if revision not in migrate.known_revisions():
-                oldest = oldest_compatible or revision
-                conn.execute(text(f"CREATE OR REPLACE FUNCTION scrinalia_schema_oldest_compatible() RETURNS text "
-                                  f"LANGUAGE sql IMMUTABLE AS $$ SELECT '{oldest}'::text $$"))
+        set_revision(engine, revision, oldest_compatible)
     finally:
         engine.dispose()
 

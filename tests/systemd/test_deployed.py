@@ -30,6 +30,7 @@ from scrinalia.db import migrate
 from scrinalia.db.local_cluster import LocalCluster, free_port
 from scrinalia.domains.archive import ledger
 from scrinalia.domains.archive.ledger import WorkerRun
+from tests.foundation.schema_revision import set_revision
 from tests.foundation.test_database_tls import make_certificates
 from tests.systemd.container import Bind, Container, ContainerError, why_no_container
 
@@ -118,8 +119,8 @@ class Deployment:
         return sorted({int(pid) for pid in found.split()})
 
     def set_revision(self, revision: str) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
+        """As that release leaves the database (a newer one declares nothing this release knows compatible)."""
+        set_revision(self.engine, revision)
 
     def journal(self, *args: str, output: str = "cat") -> str:
         return self.sh(f"journalctl --no-pager -o {output} " + " ".join(shlex.quote(a) for a in args)).stdout
