@@ -15,6 +15,7 @@ Results: docs/benchmarks.md ("The SQL twins").
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -61,6 +62,7 @@ def failed_tests(patch: Path, side: str) -> list[str]:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     missed = 0
     for model in model_mutants():
         twin = MUTANTS / "sql" / model.name
