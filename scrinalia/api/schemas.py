@@ -8,16 +8,32 @@ no NUL character, no lone UTF-16 surrogate, no non-finite number. What PostgreSQ
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Request
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from scrinalia.domains.archive.ledger import BATCH_SIZE_MAX, BATCH_SIZE_MIN
 
 RunStatus = Literal["QUEUED", "RUNNING", "SUCCESS", "FAILED", "INTERRUPTED", "CANCELLED"]
 RunTrigger = Literal["CLI", "API", "SCHEDULE", "PANEL"]  # PANEL: the panel (cookie session)
 Role = Literal["ADMIN", "CURATOR", "VIEWER"]
+SettingsAction = Literal["PUT", "DELETE"]
+
+
+def _stored(known: Any) -> WithJsonSchema:
+    """The schema of an answer's value read from a column that a newer release may widen (an enum label, a
+    wider CHECK: additive, decision 0125). This release writes one of ``known`` (a ``Literal``); another is
+    answered as it is (decision 0393): through an upgrade's window, or on a newer schema that declares this
+    release compatible (decision 0392), one row of a newer release must not make the whole answer a 500."""
+    values = list(get_args(known))
+    return WithJsonSchema({"type": "string", "examples": values, "description": f"One of {', '.join(values)}; "
+                           "a newer release's schema may add values (decision 0393)."})
+
+
+StoredRunStatus = Annotated[str, _stored(RunStatus)]
+StoredRunTrigger = Annotated[str, _stored(RunTrigger)]
+StoredSettingsAction = Annotated[str, _stored(SettingsAction)]
 
 
 def unstorable(value: str) -> str | None:
@@ -158,8 +174,8 @@ class RunOut(Open):
     id: int
     run_id: str
     worker_name: str
-    status: RunStatus
-    trigger: RunTrigger
+    status: StoredRunStatus
+    trigger: StoredRunTrigger
     requested_by: str | None = None
     request: dict[str, Any]
     engine_name: str | None = None
@@ -182,7 +198,7 @@ class RunOut(Open):
 class AttemptOut(Open):
     run_id: str
     attempt: int
-    status: RunStatus
+    status: StoredRunStatus
     retry_of: str | None = None
 
 
@@ -281,7 +297,7 @@ class SettingsOut(BaseModel):
 
 class RevisionOut(Open):
     revision: int
-    action: Literal["PUT", "DELETE"]
+    action: StoredSettingsAction
     settings: dict[str, Any] | None
     changed_at: str
     changed_by: str | None

@@ -256,3 +256,23 @@ def test_a_run_started_in_the_panel_is_listed_with_trigger_panel(client, engine)
     assert r.status_code == 201 and r.json()["trigger"] == "PANEL"
     panel = client.get(R, params={"trigger": "PANEL"}).json()["runs"]
     assert sorted(run["worker_name"] for run in panel) == ["alpha", "beta"]
+
+
+def test_a_newer_release_s_trigger_and_status_pass_through_as_they_are(client, admin_headers, engine):
+    """Through an upgrade's window, and on a newer schema that declares it compatible (decision 0392), this
+    API reads rows a newer release wrote: an enum label or a CHECK value it added (additive, decision 0125)
+    is answered as it is, not a 500 of the whole list (decision 0393)."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("ALTER TYPE worker_run_trigger ADD VALUE IF NOT EXISTS 'WEBHOOK'"))
+        conn.execute(text("ALTER TYPE worker_run_status ADD VALUE IF NOT EXISTS 'PAUSED'"))
+    run = ledger.enqueue(engine, "alpha", {})
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archive_worker_runs SET trigger = 'WEBHOOK', status = 'PAUSED' WHERE run_id = :r"),
+                     {"r": run.run_id})
+    listed = client.get(R, headers=admin_headers)
+    assert listed.status_code == 200, listed.text
+    mine = [r for r in listed.json()["runs"] if r["run_id"] == str(run.run_id)]
+    assert [(r["trigger"], r["status"]) for r in mine] == [("WEBHOOK", "PAUSED")]
+    one = client.get(f"{R}/{run.run_id}", headers=admin_headers)
+    assert one.status_code == 200, one.text
+    assert one.json()["attempts"][0]["status"] == "PAUSED"

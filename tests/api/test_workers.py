@@ -188,3 +188,16 @@ def test_counts_are_served_stale_while_one_thread_refreshes_them(engine):
     while cache.get(engine, catalogue)[0]["alpha"]["pending"] != 1:
         assert _time.monotonic() < deadline
         _time.sleep(0.05)
+
+
+def test_a_newer_release_s_revision_action_passes_through_as_it_is(client, admin_headers, engine):
+    """A wider CHECK of a newer release (decision 0125) is answered as it is (decision 0393), not a 500."""
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE archive_worker_setting_revisions DROP CONSTRAINT ck_setting_revision_action"))
+        conn.execute(text("ALTER TABLE archive_worker_setting_revisions ADD CONSTRAINT ck_setting_revision_action "
+                          "CHECK (action IN ('PUT', 'DELETE', 'RESTORE'))"))
+        conn.execute(text("INSERT INTO archive_worker_setting_revisions (worker_name, revision, action, settings) "
+                          "VALUES ('alpha', 1, 'RESTORE', '{}'::jsonb)"))
+    r = client.get(f"{W}/alpha/settings/revisions", headers=admin_headers)
+    assert r.status_code == 200, r.text
+    assert [x["action"] for x in r.json()["revisions"]] == ["RESTORE"]
