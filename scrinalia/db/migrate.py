@@ -124,14 +124,17 @@ def schema_state(current: str | None, oldest: str | None = None) -> SchemaState:
     return "ahead_compatible" if oldest is not None and oldest in known_revisions() else "ahead"
 
 
+def declared_state(conn: Connection, current: str | None) -> SchemaState:
+    """Where the database's revision ``current`` stands, a schema ahead read with its declaration."""
+    state = schema_state(current)
+    return schema_state(current, oldest_compatible(conn)) if state == "ahead" else state
+
+
 def read_schema_state(conn: Connection, *, declared: bool = True) -> tuple[str | None, SchemaState]:
     """The database's revision and where it stands; a schema ahead is read with its declaration unless
     ``declared`` is False (then it is "ahead" whatever it says)."""
     current = current_revision(conn)
-    state = schema_state(current)
-    if state == "ahead" and declared:
-        state = schema_state(current, oldest_compatible(conn))
-    return current, state
+    return current, declared_state(conn, current) if declared else schema_state(current)
 
 
 def require_head(conn: Connection, component: str, *, serve_compatible: bool = False) -> tuple[str, SchemaState]:

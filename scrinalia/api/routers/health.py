@@ -36,15 +36,10 @@ def health(request: Request) -> JSONResponse:
         body = {"status": "degraded", "database": "unreachable", "schema": "unknown", "version": version,
                 "notifications": notifications}
         return JSONResponse(body, status_code=503)
-    if revision == migrate.head_revision():
-        schema = "current"
-    elif revision is None:
-        schema = "behind"
-    else:
-        try:
-            schema = "behind" if revision in migrate.known_revisions() else _ahead(request, revision)
-        except Exception:  # the migrations cannot be read: the database's revision is unknown
-            schema = "ahead_or_unknown"
+    try:
+        schema = _schema(request, revision)
+    except Exception:  # the migrations cannot be read: the database's revision is unknown
+        schema = "ahead_or_unknown"
     # A schema ahead that declares this release compatible is served (decision 0392): through the next
     # upgrade's window a load balancer keeps this API, and a rolled-back API is taken back.
     status = "ok" if schema in ("current", "ahead_compatible") else "degraded"
@@ -52,11 +47,14 @@ def health(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
 
-def _ahead(request: Request, revision: str) -> str:
-    """A revision these migrations do not know: what the schema says of this release (decision 0392)."""
-    with ctx(request).engine.connect() as conn:  # two reads: whether the function exists, then its answer
-        state = migrate.schema_state(revision, migrate.oldest_compatible(conn))
-    return "ahead_compatible" if state == "ahead_compatible" else "ahead_or_unknown"
+def _schema(request: Request, revision: str | None) -> str:
+    """Where the database's revision stands for this API, in ``migrate``'s words; a schema ahead is read
+    with its declaration (decision 0392), on a connection of its own: only when not at the head."""
+    if revision == migrate.head_revision():
+        return "current"
+    with ctx(request).engine.connect() as conn:
+        state = migrate.declared_state(conn, revision)
+    return "ahead_or_unknown" if state == "ahead" else state
 
 
 router.add_api_route("/healthz", health, methods=["GET"], response_model=HealthOut,
