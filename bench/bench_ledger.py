@@ -34,6 +34,8 @@ from scrinalia.domains.archive import ledger, registry
 
 WORKERS = [f"worker-{i}" for i in range(8)]
 FLAT_RATIO_MAX = 2.0
+#: The oldest revision head's statements run on (``--from-revision``): 0022's table of the runs' configurations.
+OLDEST_FROM = "0022"
 
 GROW_HISTORY = text(
     """
@@ -194,9 +196,14 @@ def main() -> None:
                              "0016's per-finish totals trigger, alternated (decision 0370)")
     parser.add_argument("--from-revision", default=None, metavar="REV",
                         help="start the database at migration REV, and at the largest size measure steady "
-                             "windows before and after the upgrade to head (decision 0391)")
+                             f"windows before and after the upgrade to head (decision 0391); {OLDEST_FROM} or "
+                             "later: head's statements read that migration's table")
     parser.add_argument("--rounds", type=int, default=3, help="windows per side of --from-revision")
     args = parser.parse_args()
+    if args.from_revision is not None and args.from_revision < OLDEST_FROM:
+        parser.error(f"--from-revision {args.from_revision}: head's statements read the runs' configurations "
+                     f"through migration {OLDEST_FROM}'s table (decision 0394); run the bench of that revision's "
+                     "own code to start earlier")
     sizes = [int(s) for s in args.sizes.split(",")]
     results = []
     with bench_database("bench_ledger", args.from_revision or "head") as url:

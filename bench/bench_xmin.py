@@ -1,18 +1,19 @@
-"""Table growth per job while a REPEATABLE READ session pins the xmin horizon: the ledger at an earlier
-migration (``--before``: 0019, the previous release; 0017, the per-finish totals trigger, needs the code of
-its time), at head, and Procrastinate, side by side in one run.
+"""Table growth per job while a REPEATABLE READ session pins the xmin horizon: the ledger with the previous
+release's ``record_start`` (the configuration in the run's row, as migration 0021 and before kept it), at
+head (the configuration in a row of its own, 0022), and Procrastinate, side by side in one run.
 
-A private PostgreSQL 15 cluster (``bench/_pg.py``), three databases: one migrated to ``--before``, one to head, one
-for the peer (``bench/peer_xmin.py`` in its own venv, ``--peer-python``). On each ledger, a registered
-runner (heartbeat 0.5 s, lease 4 s) runs ``--jobs`` jobs one at a time through the runner's own statements:
-enqueue, claim, record_start, ``--beats`` heartbeats (the registry renewed, the run's lease and progress),
-one record_progress, finish; from 0018 on, a scrape's fold (``archive_run_totals_fold()``) every ``--scrape-every``
-jobs. Before the jobs: ``--warmup`` jobs, VACUUM, the sizes; then a REPEATABLE READ session in that database
+A private PostgreSQL 15 cluster (``bench/_pg.py``), a database per side, each ledger migrated to head; the
+peer's in its own venv (``bench/peer_xmin.py``, ``--peer-python``). On each ledger, a registered runner
+(heartbeat 0.5 s, lease 4 s) runs ``--jobs`` jobs one at a time through the runner's own statements:
+enqueue, claim, record_start (the embedding worker's resolved configuration and options, ~1 KB, as a real
+run writes), ``--beats`` heartbeats (the registry renewed, the run's lease and progress), one
+record_progress, finish; a scrape's fold (``archive_run_totals_fold()``) every ``--scrape-every`` jobs.
+Before the jobs: ``--warmup`` jobs, VACUUM, the sizes; then a REPEATABLE READ session in that database
 takes its snapshot and stays open (VACUUM can remove no version written after it; the horizon is per
 database), the jobs run, VACUUM, the sizes again. Growth: pg_total_relation_size (heap, indexes, TOAST) of
 the ledger's tables, per job, and per table; and pgstattuple's live and dead heap bytes (what the ledger keeps
-against the versions only the pinned snapshot keeps). Hot rows: the totals (0017: one update per finish),
-the registry row (one per heartbeat), the run's row (claim, start, each beat, the progress, the finish).
+against the versions only the pinned snapshot keeps). Hot rows: the registry row (one per heartbeat), the
+run's row (claim, start, each beat, the progress, the finish).
 The peer keeps the same cadence: its worker renews its row every ``--peer-heartbeat`` seconds and each of
 its jobs lasts ``--beats`` of them. Two runs at different ``--beats`` give the cost of a beat (the slope)
 and of a job without one; ``--steps-sweep`` adds head ledgers whose jobs make the runner's writes one more at
@@ -37,12 +38,15 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from bench._pg import bench_database, create_extensions, run_peer
+from runner.claims import _record_start_fields
 from scrinalia.db import migrate
 from scrinalia.db.engine import create_engine_from_url
 from scrinalia.domains.archive import ledger, registry
+from scrinalia.domains.archive.workers.catalogue import EMBEDDING
+from scrinalia.domains.archive.workers.sdk import resolve_config
 
-TABLES = ("archive_worker_runs", "archive_worker_runners", "archive_run_totals", "archive_run_totals_watermark",
-          "archive_worker_run_samples")
+TABLES = ("archive_worker_runs", "archive_worker_run_configs", "archive_worker_runners", "archive_run_totals",
+          "archive_run_totals_watermark", "archive_worker_run_samples")
 WORKERS = [f"worker-{i}" for i in range(4)]
 HEARTBEAT_S, LEASE_S = 0.5, 4.0
 
@@ -72,11 +76,28 @@ def _vacuum(engine) -> None:
                 conn.execute(text(f"VACUUM {t}"))
 
 
+#: What a job's ``record_start`` writes: the embedding worker's resolution with its defaults (~1 KB of
+#: configuration and options, as a real run writes; before 2026-12-08 the bench wrote none).
+START = _record_start_fields(resolve_config(EMBEDDING, None, {}))
+#: The previous release's ``record_start`` (migration 0021 and before): the configuration in the run's row.
+_START_IN_ROW = text("UPDATE archive_worker_runs SET engine_name = :engine_name, preset = :preset, "
+                     "config = CAST(:config AS jsonb), options = CAST(:options AS jsonb) "
+                     "WHERE run_id = :run_id AND runner_id = :runner_id AND status = 'RUNNING'")
 STEPS = ("start", "progress", "beats", "idle")  # a job's writes after its enqueue and claim, before its finish
 
 
+def _record_start(engine, run_id: uuid.UUID, runner_id: uuid.UUID, in_row: bool) -> None:
+    if not in_row:
+        assert ledger.record_start(engine, run_id, runner_id, START)
+        return
+    with engine.begin() as conn:
+        conn.execute(_START_IN_ROW, {"run_id": run_id, "runner_id": runner_id, "engine_name": START.engine_name,
+                                     "preset": START.preset, "config": json.dumps(START.config),
+                                     "options": json.dumps(START.options)})
+
+
 def _jobs(engine, runner_id: uuid.UUID, n: int, beats: int, scrape_every: int,
-          steps: tuple[str, ...] = STEPS) -> list[tuple[float, float]]:
+          steps: tuple[str, ...] = STEPS, config_in_row: bool = False) -> list[tuple[float, float]]:
     """Run ``n`` jobs; each job's (seconds for the whole cycle, median seconds of its heartbeats, or of the
     cycle without any). ``steps``: which of the runner's writes a job makes besides enqueue, claim and finish
     (the three no queue with a claim does without): ``start`` record_start, ``progress`` the last
@@ -90,7 +111,7 @@ def _jobs(engine, runner_id: uuid.UUID, n: int, beats: int, scrape_every: int,
         run = ledger.claim_next(engine, runner_id, WORKERS, LEASE_S)
         assert run is not None
         if "start" in steps:
-            ledger.record_start(engine, run.run_id, runner_id, ledger.StartParams(None, None, None, None))
+            _record_start(engine, run.run_id, runner_id, config_in_row)
         children = [{"pid": 1000 + i, "run_id": str(run.run_id), "worker": worker}]
         beat_seconds = []
         for b in range(beats if "beats" in steps else 0):
@@ -124,8 +145,8 @@ def _slowdown(timings: list[tuple[float, float]], window: int = 50) -> dict[str,
     return out
 
 
-def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | None = None,
-                steps: tuple[str, ...] = STEPS) -> dict[str, Any]:
+def ledger_side(url: str, label: str, args: Any, fillfactor: int | None = None, steps: tuple[str, ...] = STEPS,
+                toast_target: int | None = None, config_in_row: bool = False) -> dict[str, Any]:
     engine = create_engine_from_url(url, pool_size=2, pool_pre_ping=False)
     try:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -134,19 +155,22 @@ def ledger_side(url: str, label: str, args: Any, fold: bool, fillfactor: int | N
             with engine.begin() as conn:
                 for t in ("archive_worker_runs", "archive_worker_runners"):
                     conn.execute(text(f"ALTER TABLE {t} SET (fillfactor = {int(fillfactor)})"))
+        if toast_target:
+            with engine.begin() as conn:
+                for t in ("archive_worker_runs", "archive_worker_runners"):
+                    conn.execute(text(f"ALTER TABLE {t} SET (toast_tuple_target = {int(toast_target)})"))
         runner_id = uuid.uuid4()
         registry.register(engine, registry.RunnerRegistration(
             runner_id=runner_id, name="bench", hostname="bench", pid=0, package_version="bench",
             schema_revision=None, capabilities=WORKERS, concurrency=1, heartbeat_seconds=HEARTBEAT_S,
             lease_seconds=LEASE_S))
-        scrape = args.scrape_every if fold else 0
-        _jobs(engine, runner_id, args.warmup, args.beats, scrape, steps)
+        _jobs(engine, runner_id, args.warmup, args.beats, args.scrape_every, steps, config_in_row)
         _vacuum(engine)
         before, heap_before = _sizes(engine), _heap(engine)
         with engine.connect() as pin:
             pin.execution_options(isolation_level="REPEATABLE READ")
             pin.execute(text("SELECT count(*) FROM archive_worker_runs")).scalar_one()  # the snapshot is taken
-            timings = _jobs(engine, runner_id, args.jobs, args.beats, scrape, steps)
+            timings = _jobs(engine, runner_id, args.jobs, args.beats, args.scrape_every, steps, config_in_row)
             _vacuum(engine)
             after, heap_after = _sizes(engine), _heap(engine)
             pin.rollback()
@@ -181,7 +205,7 @@ def _head_apart(admin, u, suffix: str, label: str, args: Any, **side: Any) -> di
     try:
         url = u.set(database=name).render_as_string(hide_password=False)
         migrate.upgrade(url)
-        return ledger_side(url, label, args, fold=True, **side)
+        return ledger_side(url, label, args, **side)
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -197,12 +221,11 @@ def main() -> None:
     parser.add_argument("--peer-heartbeat", type=float, default=0.1,
                         help="the peer worker's heartbeat; each of its jobs lasts --beats of them (0: its default "
                              "heartbeat and jobs that return at once)")
-    parser.add_argument("--before", default="0019",
-                        help="the migration of the 'before' ledger (0017: the per-finish totals trigger; 0019: "
-                             "the status index of every write; the code is head's, so 0019 or later for its "
-                             "heartbeat's `warm` column)")
     parser.add_argument("--fillfactor", type=int, default=None,
                         help="also head with this fill factor on the runs and the registry (its own database)")
+    parser.add_argument("--toast-target", type=int, default=None,
+                        help="also head with this toast_tuple_target on the runs and the registry (its own "
+                             "database; PostgreSQL toasts a row only past ~2 KB, whatever the target)")
     parser.add_argument("--steps-sweep", action="store_true",
                         help="also head with jobs of enqueue, claim and finish only, then adding record_start, "
                              "the progress, the beats one at a time (each in its own database): what each write "
@@ -210,19 +233,18 @@ def main() -> None:
     args = parser.parse_args()
     with bench_database("bench_xmin") as url:
         u = make_url(url)
-        before_name = f"{u.database}_{args.before}"
         admin = create_engine(u.set(drivername="postgresql+psycopg", database="postgres"),
                               isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{before_name}"'))
         try:
-            before_url = u.set(database=before_name).render_as_string(hide_password=False)
-            migrate.upgrade(before_url, args.before)
-            results = [ledger_side(before_url, args.before, args, fold=args.before >= "0018"),
-                       ledger_side(url, "head", args, fold=True)]
+            results = [_head_apart(admin, u, "in_row", "0021's record_start (the configuration in the run's row)",
+                                   args, config_in_row=True),
+                       ledger_side(url, "head", args)]
             if args.fillfactor:
                 results.append(_head_apart(admin, u, "ff", f"head, fillfactor {args.fillfactor}", args,
                                            fillfactor=args.fillfactor))
+            if args.toast_target:
+                results.append(_head_apart(admin, u, "tt", f"head, toast_tuple_target {args.toast_target}", args,
+                                           toast_target=args.toast_target))
             if args.steps_sweep:
                 for k in range(len(STEPS)):
                     steps = STEPS[:k]
@@ -231,8 +253,6 @@ def main() -> None:
             if args.peer_python:
                 results.append(peer_side(url, args.peer_python, args))
         finally:
-            with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{before_name}" WITH (FORCE)'))
             admin.dispose()
     for r in results:
         print(json.dumps(r), flush=True)

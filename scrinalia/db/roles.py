@@ -54,7 +54,7 @@ class TableGrant:
 _RUN_PROTOCOL_COLUMNS = (
     # claim_next, heartbeat, expire_leases
     "status", "runner_id", "started_at", "heartbeat_at", "lease_expires_at", "progress",
-    # record_start
+    # record_start (config and options: the previous release's, which writes them into the run's row)
     "engine_name", "preset", "config", "options",
     # finish (and expire_leases, request_cancel)
     "finished_at", "duration_ms", "error", "exit_code", "exit_signal", "exit_reason", "metrics", "result",
@@ -73,6 +73,8 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
             "create_running (one-shot CLI), get_run; the batch fence's check at COMMIT takes the row FOR SHARE "
             "(which needs UPDATE on a column: it has)",
     ),
+    TableGrant("archive_worker_run_configs", insert=("run_id", "config", "options"),
+               why="record_start: the resolved configuration, once (migration 0022); every run read returns it"),
     TableGrant(
         "archive_worker_runners",
         insert=("runner_id", "name", "kind", "hostname", "pid", "package_version", "schema_revision",
@@ -129,15 +131,22 @@ _ATTRIBUTES = {"rolcanlogin": ("LOGIN", True), "rolsuper": ("NOSUPERUSER", False
                "rolreplication": ("NOREPLICATION", False), "rolbypassrls": ("NOBYPASSRLS", False)}
 
 
-# The runner's row-security policies on the ledger (row security is enabled by migration 0002). What a
-# column grant cannot say: the one INSERT a runner makes is the one-shot CLI's RUNNING row under a
-# registered, running runner id, and a runner updates only active rows, never the finished history.
-RUN_POLICIES = {
-    "insert": "AS RESTRICTIVE FOR INSERT TO {role} WITH CHECK ("
-              "status = 'RUNNING' AND trigger = 'CLI' AND runner_id IS NOT NULL AND EXISTS ("
-              "SELECT 1 FROM archive_worker_runners AS r "
-              "WHERE r.runner_id = archive_worker_runs.runner_id AND r.stopped_at IS NULL))",
-    "update": "AS RESTRICTIVE FOR UPDATE TO {role} USING (status IN ('QUEUED', 'RUNNING')) WITH CHECK (true)",
+# The runner's row-security policies on the ledger (row security is enabled by migrations 0002 and 0022),
+# by (table, name suffix). What a column grant cannot say: the one INSERT a runner makes of a run is the
+# one-shot CLI's RUNNING row under a registered, running runner id; a runner updates only active rows, never
+# the finished history; and it records a configuration only for a RUNNING run (migration 0022 creates the
+# same policy for the roles that exist when it runs).
+POLICIES = {
+    ("archive_worker_runs", "insert"):
+        "AS RESTRICTIVE FOR INSERT TO {role} WITH CHECK ("
+        "status = 'RUNNING' AND trigger = 'CLI' AND runner_id IS NOT NULL AND EXISTS ("
+        "SELECT 1 FROM archive_worker_runners AS r "
+        "WHERE r.runner_id = archive_worker_runs.runner_id AND r.stopped_at IS NULL))",
+    ("archive_worker_runs", "update"):
+        "AS RESTRICTIVE FOR UPDATE TO {role} USING (status IN ('QUEUED', 'RUNNING')) WITH CHECK (true)",
+    ("archive_worker_run_configs", "config_insert"):
+        "AS RESTRICTIVE FOR INSERT TO {role} WITH CHECK (EXISTS (SELECT 1 FROM archive_worker_runs AS r "
+        "WHERE r.run_id = archive_worker_run_configs.run_id AND r.status = 'RUNNING'))",
 }
 
 
@@ -199,17 +208,17 @@ def ensure_runner_role(engine: Engine, role: str = "scrinalia_runner", password:
 
 
 def _grant_tables_and_policies(cur: Any, role: str, ident: sql.Identifier) -> None:
-    """``RUNNER_GRANTS`` (by column where a grant names columns) and the role's ``RUN_POLICIES``."""
+    """``RUNNER_GRANTS`` (by column where a grant names columns) and the role's ``POLICIES``."""
     for grant in RUNNER_GRANTS:
         table = sql.Identifier(grant.table)
         for verb, columns in grant.privileges():
             target = sql.SQL("") if columns == ALL else sql.SQL(" ({})").format(
                 sql.SQL(", ").join(sql.Identifier(c) for c in columns))
             cur.execute(sql.SQL("GRANT {}{} ON {} TO {}").format(sql.SQL(verb), target, table, ident))
-    for suffix, body in RUN_POLICIES.items():
-        name = sql.Identifier(f"{role}__{suffix}")
-        cur.execute(sql.SQL("DROP POLICY IF EXISTS {} ON archive_worker_runs").format(name))
-        cur.execute(sql.SQL("CREATE POLICY {} ON archive_worker_runs " + body).format(name, role=ident))
+    for (table_name, suffix), body in POLICIES.items():
+        name, on = sql.Identifier(f"{role}__{suffix}"), sql.Identifier(table_name)
+        cur.execute(sql.SQL("DROP POLICY IF EXISTS {} ON {}").format(name, on))
+        cur.execute(sql.SQL("CREATE POLICY {} ON {} " + body).format(name, on, role=ident))
 
 
 def _ensure_attributes(cur, role: str, ident: sql.Identifier) -> tuple[bool, tuple[str, ...]]:

@@ -328,6 +328,18 @@ archive_worker_runs = Table(
           postgresql_where=text("schedule_id IS NOT NULL AND trigger = 'SCHEDULE'")),
 )
 
+# A run's resolved configuration, written once by record_start (migration 0022, decision 0394): out of the
+# run's row, which the heartbeat and the progress rewrite all the run's life. A run the previous release
+# started keeps it in the row's own config and options; readers take the row's, then this one.
+archive_worker_run_configs = Table(
+    "archive_worker_run_configs",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("archive_worker_runs.run_id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("config", JSONB),
+    Column("options", JSONB),
+)
+
 # A run's chart over its life (migration 0015, decision 0160): filled by triggers on the run row's
 # progress and on the registry's children snapshot; pruned by the scheduler after the retention.
 archive_worker_run_samples = Table(

@@ -72,6 +72,29 @@ def _end_runs(engine, runner, worker: str) -> None:
     assert len(ledger.expire_leases(engine)) == 1
 
 
+#: ``_end_runs``' four endings as the code of 0017's time wrote them: head's statements read the runs'
+#: configurations through migration 0022's table, which a schema at 0017 does not have.
+_AT_0017 = {
+    "enqueue": "INSERT INTO archive_worker_runs (worker_name, trigger, request) VALUES (:w, 'API', '{}') "
+               "RETURNING run_id",
+    "claim": "UPDATE archive_worker_runs SET status = 'RUNNING', runner_id = :runner, started_at = now(), "
+             "heartbeat_at = now(), lease_expires_at = now() + interval '60 seconds' WHERE run_id = :r",
+    "finish": "UPDATE archive_worker_runs SET status = CAST(:status AS worker_run_status), finished_at = now(), "
+              "duration_ms = 0, exit_reason = :reason WHERE run_id = :r",
+}
+
+
+def _end_runs_at_0017(engine, runner, worker: str) -> None:
+    """SUCCESS and FAILED by a finish, a QUEUED run CANCELLED, a RUNNING one INTERRUPTED by its lease."""
+    for status, reason, claimed in (("SUCCESS", None, True), ("FAILED", "exception", True),
+                                    ("CANCELLED", "cancelled", False), ("INTERRUPTED", "lease-lost", True)):
+        with engine.begin() as conn:
+            run_id = conn.execute(text(_AT_0017["enqueue"]), {"w": worker}).scalar_one()
+            if claimed:
+                conn.execute(text(_AT_0017["claim"]), {"runner": runner, "r": run_id})
+            conn.execute(text(_AT_0017["finish"]), {"status": status, "reason": reason, "r": run_id})
+
+
 def _backdate(engine, minutes: int) -> None:
     """Runs that ended ``minutes`` ago, as if the test had waited (and the watermark further back still)."""
     with engine.begin() as conn:
@@ -208,11 +231,11 @@ def test_the_upgrade_to_0018_and_back_keeps_every_total(empty_database_url):
     engine = create_engine_from_url(empty_database_url)
     try:
         runner = register_runner(engine, ["alpha", "beta"], lease=60)
-        _end_runs(engine, runner, "alpha")
+        _end_runs_at_0017(engine, runner, "alpha")
         with engine.begin() as conn:  # two of them ended long ago: behind the first watermark
             conn.execute(text("UPDATE archive_worker_runs SET finished_at = finished_at - interval '1 hour' "
                               "WHERE status IN ('SUCCESS', 'FAILED')"))
-        _end_runs(engine, runner, "beta")
+        _end_runs_at_0017(engine, runner, "beta")
 
         def totals(source: str) -> dict[tuple[str, str], tuple[int, int, list[int]]]:
             with engine.connect() as conn:
@@ -231,7 +254,7 @@ def test_the_upgrade_to_0018_and_back_keeps_every_total(empty_database_url):
         engine.dispose()
         migrate.downgrade(empty_database_url, "0017")
         assert totals("archive_run_totals") == after  # the trigger's table, complete again
-        _end_runs(engine, runner, "beta")  # and the trigger counts again
+        _end_runs_at_0017(engine, runner, "beta")  # and the trigger counts again
         assert sum(v[0] for v in totals("archive_run_totals").values()) == 16
     finally:
         engine.dispose()

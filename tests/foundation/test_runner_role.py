@@ -56,6 +56,8 @@ FORBIDDEN = {
                                  "VALUES ('x', 'RUNNING', 'CLI', gen_random_uuid())",
     "rewrite what was asked": "UPDATE archive_worker_runs SET request = '{}'",
     "rewrite who asked": "UPDATE archive_worker_runs SET requested_by = 'someone else'",
+    "rewrite a run's recorded configuration": "UPDATE archive_worker_run_configs SET config = '{}'",
+    "delete a run's recorded configuration": "DELETE FROM archive_worker_run_configs",
     "read the users": "SELECT * FROM auth_users",
     "read the sessions": "SELECT * FROM auth_sessions",
     "read the login throttle": "SELECT * FROM auth_login_throttle",
@@ -128,6 +130,10 @@ def test_the_protocol_steps_as_the_runner_role(engine, runner_url):
                               " WHERE run_id = :run_id"), {"run_id": lost.run_id})
         assert [r.run_id for r in ledger.expire_leases(as_runner)] == [lost.run_id]
         assert ledger.get_run(as_runner, lost.run_id).status == "INTERRUPTED"
+        with pytest.raises(DBAPIError, match="row-level security"), as_runner.begin() as conn:  # nor add one
+            conn.execute(text("INSERT INTO archive_worker_run_configs (run_id, config) VALUES (:r, '{}')"),
+                         {"r": lost.run_id})
+        assert ledger.get_run(as_runner, run.run_id).config == {"device": "cpu"}
         assert ledger.active_run(as_runner, "embedding") is None
         # the finished history is out of the runner's reach: its UPDATE sees no finished row
         with as_runner.begin() as conn:
@@ -278,3 +284,32 @@ def test_the_documented_no_access_list_is_the_code():
     paragraph = doc[doc.index("No access at all:"):].split("\n\n", 1)[0]
     missing = [table for table in NO_ACCESS if f"`{table}`" not in paragraph]
     assert not missing, f"docs/security.md's 'No access at all' lacks: {missing}"
+
+
+def test_a_role_made_before_the_configurations_had_a_table_records_a_start_after_the_upgrade(empty_database_url):
+    """Migration 0022 grants its table and the policy to the runner roles that exist when it runs (those with
+    UPDATE on the run's ``config``), so no ``db runner-role`` has to run again for a start to be recorded."""
+    migrate.upgrade(empty_database_url)
+    owner = create_engine_from_url(empty_database_url)
+    role = f"runner_{uuid.uuid4().hex[:8]}"
+    try:
+        ensure_runner_role(owner, role, password="runner-secret")
+        migrate.downgrade(empty_database_url, "0021")  # as a role made by the previous release finds it
+        migrate.upgrade(empty_database_url)
+        as_runner = create_engine_from_url(_as(empty_database_url, role))
+        try:
+            me = register_runner(as_runner, ["embedding"])
+            ledger.enqueue(owner, "embedding", {})
+            run = ledger.claim_next(as_runner, me, ["embedding"], 60)
+            assert ledger.record_start(as_runner, run.run_id, me, StartParams("transformers", None, {"a": 1}, {}))
+            assert ledger.get_run(as_runner, run.run_id).config == {"a": 1}
+            ledger.finish(as_runner, run.run_id, me, FinishParams("SUCCESS"))
+            queued = ledger.enqueue(owner, "embedding", {})
+            with pytest.raises(DBAPIError, match="row-level security"), as_runner.begin() as conn:
+                conn.execute(text("INSERT INTO archive_worker_run_configs (run_id, config) VALUES (:r, '{}')"),
+                             {"r": queued.run_id})
+        finally:
+            as_runner.dispose()
+    finally:
+        _drop_role(owner, role)
+        owner.dispose()

@@ -337,13 +337,12 @@ def resolve_where(spec: WorkerSpec, engine: Any, request: Any, layer: Any = None
 
 
 def run_first_look(ctx: RunContext) -> dict[str, Any]:
-    """Its first line reads its own row: what record_start wrote before any of the worker's code ran."""
-    from sqlalchemy import text
+    """Its first line reads its own run: what record_start wrote before any of the worker's code ran."""
+    from scrinalia.domains.archive import ledger
 
-    with ctx.engine.connect() as conn:
-        row = conn.execute(text("SELECT status::text, config, options FROM archive_worker_runs WHERE run_id = :r"),
-                           {"r": ctx.run.run_id}).one()
-    return {"status": row[0], "config": row[1], "options": row[2], "child_pid": os.getpid(),
+    run = ledger.get_run(ctx.engine, ctx.run.run_id)
+    assert run is not None
+    return {"status": run.status, "config": run.config, "options": run.options, "child_pid": os.getpid(),
             "resolved_in_pid": ctx.config.config.get("resolved_in_pid")}
 
 

@@ -99,7 +99,14 @@ class WorkerRun:
         return out
 
 
-RUN_COLUMNS = ", ".join(f.name for f in fields(WorkerRun))
+#: A run's configuration and options: in its own row when the previous release's ``record_start`` wrote
+#: them there, else in ``archive_worker_run_configs`` (decision 0394). Every reader sees one column each.
+RECORDED_COLUMNS = ("config", "options")
+_RECORDED = ("COALESCE(archive_worker_runs.{c}, (SELECT rc.{c} FROM archive_worker_run_configs AS rc "
+             "WHERE rc.run_id = archive_worker_runs.run_id)) AS {c}")
+#: The WorkerRun columns of a statement on ``archive_worker_runs`` (unaliased: a SELECT or a RETURNING).
+RUN_COLUMNS = ", ".join(_RECORDED.format(c=f.name) if f.name in RECORDED_COLUMNS else f.name
+                        for f in fields(WorkerRun))
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,17 +357,18 @@ class StartParams:
 
 def record_start(engine: Engine, run_id: uuid.UUID, runner_id: uuid.UUID, params: StartParams) -> bool:
     """Write what actually runs (resolved at claim by the supervisor, before the child starts: the truth,
-    next to the request's promise).
+    next to the request's promise). The configuration and options go to their own row, once: the run's
+    row is rewritten by every heartbeat and progress, and each version would copy them (decision 0394).
 
     Returns False when the row is not this runner's RUNNING row any more (the run was lost).
     """
     with one_statement(engine) as conn:
-        result = conn.execute(
+        started = conn.execute(
             _RECORD_START,
             {"run_id": run_id, "runner_id": runner_id, "engine_name": params.engine_name,
              "preset": params.preset, "config": _json(params.config), "options": _json(params.options)},
-        )
-    return result.rowcount == 1
+        ).first()
+    return started is not None
 
 
 # --- heartbeat -----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 -- ledger (runner/memory_ledger.py) has one method per name, keyed by it (@statement("<name>")).
 -- Each block: "-- name: <name>", "-- fence: <what makes it safe>", then one SQL statement. Every
 -- timestamp is the database's now() (clock_timestamp() at a batch's COMMIT). {run_columns} is the
--- WorkerRun columns, {error_max} the error column's length, {runner_columns} and {settings_columns}
+-- WorkerRun columns (config and options read through archive_worker_run_configs: ledger.RUN_COLUMNS), {error_max} the error column's length, {runner_columns} and {settings_columns}
 -- the registry's and the settings' columns (filled in by the Python that owns those shapes).
 
 -- name: enqueue
@@ -79,12 +79,21 @@ RETURNING {run_columns}
 
 -- name: record_start
 -- fence: runner_id = me AND status = 'RUNNING'
-UPDATE archive_worker_runs
-   SET engine_name = :engine_name,
-       preset = :preset,
-       config = CAST(:config AS jsonb),
-       options = CAST(:options AS jsonb)
- WHERE run_id = :run_id AND runner_id = :runner_id AND status = 'RUNNING'
+-- The configuration is inserted only with the run row's update (the fence). The configuration and options go to a row of their own, once: the run's row, which the heartbeat and the
+-- progress rewrite all the run's life, keeps the engine and the preset (decision 0394). A statement retried
+-- after its COMMIT's answer was lost finds the configuration recorded, and still answers for the run.
+WITH started AS (
+    UPDATE archive_worker_runs
+       SET engine_name = :engine_name,
+           preset = :preset
+     WHERE run_id = :run_id AND runner_id = :runner_id AND status = 'RUNNING'
+    RETURNING run_id
+), recorded AS (
+    INSERT INTO archive_worker_run_configs (run_id, config, options)
+    SELECT run_id, CAST(:config AS jsonb), CAST(:options AS jsonb) FROM started
+    ON CONFLICT (run_id) DO NOTHING
+)
+SELECT run_id FROM started
 
 -- name: heartbeat
 -- fence: runner_id = me
