@@ -41,6 +41,7 @@ class MemoryDatabase:
     by_run_id: dict[uuid.UUID, dict[str, Any]] = field(default_factory=dict)
     by_text: dict[str, dict[str, Any]] = field(default_factory=dict)  # run_id::text, as jsonb keys name rows
     runners: dict[uuid.UUID, dict[str, Any]] = field(default_factory=dict)
+    configured: set[uuid.UUID] = field(default_factory=set)  # archive_worker_run_configs' keys (0022)
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     llm_check_rule: dict[str, Any] | None = None  # the active LLM_CHECK cleaning rule (the API's write)
     locks: dict[uuid.UUID, list[RowLock]] = field(default_factory=dict)

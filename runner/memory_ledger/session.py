@@ -202,8 +202,10 @@ class InMemoryLedger:
                 return False
             if self._wait_for("record_start", [row], now) and self._held_row(run_id, runner_id) is None:
                 return False
-            row.update(engine_name=params.engine_name, preset=params.preset, config=jsonb(params.config),
-                       options=jsonb(params.options))
+            row.update(engine_name=params.engine_name, preset=params.preset)
+            if run_id not in self.db.configured:  # the configuration's own row, once (ON CONFLICT DO NOTHING)
+                self.db.configured.add(run_id)
+                row.update(config=jsonb(params.config), options=jsonb(params.options))
             return True
 
     @statement("heartbeat")

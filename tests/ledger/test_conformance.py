@@ -203,6 +203,17 @@ def test_record_start_is_fenced(world: World) -> None:
     assert world.ledger.record_start(run.run_id, runner_id, StartParams(**fields)) is False
 
 
+def test_a_repeated_record_start_keeps_the_first_configuration(world: World) -> None:
+    """The statement retried after its COMMIT's answer was lost: the run is still held, and its configuration
+    is recorded once (its own row, decision 0394); the run's row takes the engine and preset again."""
+    run, runner_id = _claimed(world)
+    assert world.ledger.record_start(run.run_id, runner_id, StartParams("e", "p", {"first": 1}, {"o": 1}))
+    assert world.ledger.record_start(run.run_id, runner_id, StartParams("e2", None, {"second": 2}, None))
+    row = world.ledger.get_run(run.run_id)
+    assert row is not None
+    assert (row.engine_name, row.preset, row.config, row.options) == ("e2", None, {"first": 1}, {"o": 1})
+
+
 def test_heartbeat_renews_the_registry_and_every_held_row(world: World) -> None:
     runner_id = _runner(world, ["a", "b"])
     world.ledger.enqueue("a", {})

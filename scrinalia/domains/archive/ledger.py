@@ -101,11 +101,11 @@ class WorkerRun:
 
 #: A run's configuration and options: in its own row when the previous release's ``record_start`` wrote
 #: them there, else in ``archive_worker_run_configs`` (decision 0394). Every reader sees one column each.
-RECORDED_COLUMNS = ("config", "options")
+_RECORDED_COLUMNS = ("config", "options")
 _RECORDED = ("COALESCE(archive_worker_runs.{c}, (SELECT rc.{c} FROM archive_worker_run_configs AS rc "
              "WHERE rc.run_id = archive_worker_runs.run_id)) AS {c}")
 #: The WorkerRun columns of a statement on ``archive_worker_runs`` (unaliased: a SELECT or a RETURNING).
-RUN_COLUMNS = ", ".join(_RECORDED.format(c=f.name) if f.name in RECORDED_COLUMNS else f.name
+RUN_COLUMNS = ", ".join(_RECORDED.format(c=f.name) if f.name in _RECORDED_COLUMNS else f.name
                         for f in fields(WorkerRun))
 
 

@@ -5,8 +5,9 @@
 -- ledger (runner/memory_ledger.py) has one method per name, keyed by it (@statement("<name>")).
 -- Each block: "-- name: <name>", "-- fence: <what makes it safe>", then one SQL statement. Every
 -- timestamp is the database's now() (clock_timestamp() at a batch's COMMIT). {run_columns} is the
--- WorkerRun columns (config and options read through archive_worker_run_configs: ledger.RUN_COLUMNS), {error_max} the error column's length, {runner_columns} and {settings_columns}
--- the registry's and the settings' columns (filled in by the Python that owns those shapes).
+-- WorkerRun columns (config and options also read from archive_worker_run_configs: ledger.RUN_COLUMNS),
+-- {error_max} the error column's length, {runner_columns} and {settings_columns} the registry's and the
+-- settings' columns (filled in by the Python that owns those shapes).
 
 -- name: enqueue
 -- fence: uq_worker_run_active -> WorkerRunAlreadyActive carrying the active run
@@ -79,9 +80,10 @@ RETURNING {run_columns}
 
 -- name: record_start
 -- fence: runner_id = me AND status = 'RUNNING'
--- The configuration is inserted only with the run row's update (the fence). The configuration and options go to a row of their own, once: the run's row, which the heartbeat and the
--- progress rewrite all the run's life, keeps the engine and the preset (decision 0394). A statement retried
--- after its COMMIT's answer was lost finds the configuration recorded, and still answers for the run.
+-- The configuration and options go to a row of their own, once, and only with the run row's update (the
+-- fence): the run's row, which the heartbeat and the progress rewrite all the run's life, keeps the engine
+-- and the preset (decision 0394). A statement retried after its COMMIT's answer was lost finds the
+-- configuration recorded, and still answers for the run.
 WITH started AS (
     UPDATE archive_worker_runs
        SET engine_name = :engine_name,
