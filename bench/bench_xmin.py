@@ -3,11 +3,13 @@ release's ``record_start`` (the configuration in the run's row, as migration 002
 head (the configuration in a row of its own, 0022), and Procrastinate, side by side in one run.
 
 A private PostgreSQL 15 cluster (``bench/_pg.py``), a database per side, each ledger migrated to head; the
-peer's in its own venv (``bench/peer_xmin.py``, ``--peer-python``). On each ledger, a registered runner
-(heartbeat 0.5 s, lease 4 s) runs ``--jobs`` jobs one at a time through the runner's own statements:
-enqueue, claim, record_start (the embedding worker's resolved configuration and options, ~1 KB, as a real
-run writes), ``--beats`` heartbeats (the registry renewed, the run's lease and progress), one
-record_progress, finish; a scrape's fold (``archive_run_totals_fold()``) every ``--scrape-every`` jobs.
+peer's in its own venv (``bench/peer_xmin.py``, ``--peer-python``). On each ledger, a runner registers as a
+daemon on a GPU host does (its device, the model directories it sees, its warm models: ``DEVICES``,
+``SEES``, ``WARM``; heartbeat 0.5 s, lease 4 s) and runs ``--jobs`` jobs one at a time through the
+runner's own statements: enqueue, claim, record_start (the embedding worker's resolved configuration and
+options, ~1 KB, as a real run writes), ``--beats`` heartbeats (the registry renewed with the child's
+snapshot, the run's lease and progress), one record_progress, finish; a scrape's fold
+(``archive_run_totals_fold()``) every ``--scrape-every`` jobs.
 Before the jobs: ``--warmup`` jobs, VACUUM, the sizes; then a REPEATABLE READ session in that database
 takes its snapshot and stays open (VACUUM can remove no version written after it; the horizon is per
 database), the jobs run, VACUUM, the sizes again. Growth: pg_total_relation_size (heap, indexes, TOAST) of
@@ -45,8 +47,9 @@ from scrinalia.domains.archive import ledger, registry
 from scrinalia.domains.archive.workers.catalogue import EMBEDDING
 from scrinalia.domains.archive.workers.sdk import resolve_config
 
-TABLES = ("archive_worker_runs", "archive_worker_run_configs", "archive_worker_runners", "archive_run_totals",
-          "archive_run_totals_watermark", "archive_worker_run_samples")
+TABLES = ("archive_worker_runs", "archive_worker_run_configs", "archive_worker_runners",
+          "archive_worker_runner_reports", "archive_run_totals", "archive_run_totals_watermark",
+          "archive_worker_run_samples")
 WORKERS = [f"worker-{i}" for i in range(4)]
 HEARTBEAT_S, LEASE_S = 0.5, 4.0
 
@@ -83,6 +86,16 @@ START = _record_start_fields(resolve_config(EMBEDDING, None, {}))
 _START_IN_ROW = text("UPDATE archive_worker_runs SET engine_name = :engine_name, preset = :preset, "
                      "config = CAST(:config AS jsonb), options = CAST(:options AS jsonb) "
                      "WHERE run_id = :run_id AND runner_id = :runner_id AND status = 'RUNNING'")
+#: What a daemon on a GPU host reports of it (``runner.devices``, ``model_dirs.seen_model_dirs``, the fork
+#: server's warm models; before 2026-12-08 the bench registered none): at registration, and the warm models
+#: by the first heartbeat.
+DEVICE = {"index": 0, "uuid": "GPU-8f3c2a1e-5b7d-4c9a-a1e2-3f4b5c6d7e8f", "name": "NVIDIA H100 80GB HBM3"}
+DEVICES = [{**DEVICE, "memory_total_bytes": 85520809984, "driver": "550.54.15", "slots": 1}]
+SEES = {"model_dirs": ["/srv/models/all-MiniLM-L6-v2", "/srv/models/nli-deberta-v3-base",
+                       "/srv/models/ner-camembert-base"], "model_roots": ["/srv/models"]}
+WARM = {"models": [{"model_class": "AutoModel", "model_dir": "/srv/models/all-MiniLM-L6-v2", "dtype": "float32",
+                    "bytes": 90868224, "load_seconds": 1.42, "workers": ["embedding", "typology"]}],
+        "bytes": 90868224, "limit_bytes": 4294967296, "errors": []}
 STEPS = ("start", "progress", "beats", "idle")  # a job's writes after its enqueue and claim, before its finish
 
 
@@ -96,13 +109,22 @@ def _record_start(engine, run_id: uuid.UUID, runner_id: uuid.UUID, in_row: bool)
                                      "options": json.dumps(START.options)})
 
 
+def _child(i: int, run: ledger.WorkerRun, beat: int) -> dict[str, Any]:
+    """The supervisor's snapshot of a job's child at a beat: its elapsed time and memory change each time."""
+    return {"pid": 1000 + i, "run_id": str(run.run_id), "worker": run.worker_name, "phase": "batch",
+            "elapsed_seconds": round(beat * HEARTBEAT_S, 3), "progress": {"done": beat, "total": 2000},
+            "rss_bytes": 734003200 + 4096 * beat, "gpu_memory_bytes": 1288490188, "device": DEVICE,
+            "cancel_requested": False}
+
+
 def _jobs(engine, runner_id: uuid.UUID, n: int, beats: int, scrape_every: int,
           steps: tuple[str, ...] = STEPS, config_in_row: bool = False) -> list[tuple[float, float]]:
     """Run ``n`` jobs; each job's (seconds for the whole cycle, median seconds of its heartbeats, or of the
     cycle without any). ``steps``: which of the runner's writes a job makes besides enqueue, claim and finish
     (the three no queue with a claim does without): ``start`` record_start, ``progress`` the last
-    record_progress and the finish's progress, ``beats`` the heartbeats (the run's lease and progress; the
-    first one writes the registry's children), ``idle`` the beat after the child (the children cleared)."""
+    record_progress and the finish's progress, ``beats`` the heartbeats (the run's lease and progress, the
+    registry's children: a snapshot that changes each beat), ``idle`` the beat after the child (the children
+    cleared)."""
     timings = []
     for i in range(n):
         worker = WORKERS[i % len(WORKERS)]
@@ -112,12 +134,11 @@ def _jobs(engine, runner_id: uuid.UUID, n: int, beats: int, scrape_every: int,
         assert run is not None
         if "start" in steps:
             _record_start(engine, run.run_id, runner_id, config_in_row)
-        children = [{"pid": 1000 + i, "run_id": str(run.run_id), "worker": worker}]
         beat_seconds = []
         for b in range(beats if "beats" in steps else 0):
             t = time.perf_counter()
             ledger.heartbeat(engine, runner_id, LEASE_S, progress={run.run_id: {"done": b, "total": beats}},
-                             children=children if b == 0 else None)
+                             children=[_child(i, run, b)])
             beat_seconds.append(time.perf_counter() - t)
         final = {"done": beats, "total": beats} if "progress" in steps else None
         if final is not None:
@@ -163,7 +184,8 @@ def ledger_side(url: str, label: str, args: Any, fillfactor: int | None = None, 
         registry.register(engine, registry.RunnerRegistration(
             runner_id=runner_id, name="bench", hostname="bench", pid=0, package_version="bench",
             schema_revision=None, capabilities=WORKERS, concurrency=1, heartbeat_seconds=HEARTBEAT_S,
-            lease_seconds=LEASE_S))
+            lease_seconds=LEASE_S, devices=DEVICES, sees=SEES))
+        ledger.heartbeat(engine, runner_id, LEASE_S, warm=WARM)  # the fork server's warm models, once
         _jobs(engine, runner_id, args.warmup, args.beats, args.scrape_every, steps, config_in_row)
         _vacuum(engine)
         before, heap_before = _sizes(engine), _heap(engine)

@@ -83,6 +83,9 @@ RUNNER_GRANTS: tuple[TableGrant, ...] = (
         update=("last_heartbeat_at", "children", "warm", "stopped_at"),
         why="registry.register, the heartbeat's registry renewal, registry.stop, `scrinalia-runner status`",
     ),
+    TableGrant("archive_worker_runner_reports", insert=("runner_id", "devices", "sees"), update=("warm",),
+               why="registry.register: the devices, the model directories seen; the heartbeat: the warm models "
+                   "(migration 0023); every registry read returns them"),
     TableGrant(
         "archive_documents",
         update=("execution_log",                                             # every stamp (StampQueue)

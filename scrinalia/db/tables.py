@@ -328,6 +328,19 @@ archive_worker_runs = Table(
           postgresql_where=text("schedule_id IS NOT NULL AND trigger = 'SCHEDULE'")),
 )
 
+# What a runner reports of its host: its devices and the model directories it sees (written by register),
+# its warm models (by the heartbeat, when they change); migration 0023, decision 0395. Out of the registry's
+# row, which the heartbeat rewrites at every beat; readers take this row's, then the registry row's.
+archive_worker_runner_reports = Table(
+    "archive_worker_runner_reports",
+    metadata,
+    Column("runner_id", UUID(as_uuid=True), ForeignKey("archive_worker_runners.runner_id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("devices", JSONB),
+    Column("sees", JSONB),
+    Column("warm", JSONB),
+)
+
 # A run's resolved configuration, written once by record_start (migration 0022, decision 0394): out of the
 # run's row, which the heartbeat and the progress rewrite all the run's life. A run the previous release
 # started keeps it in the row's own config and options; readers take the row's, then this one.

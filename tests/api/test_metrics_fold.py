@@ -3,6 +3,7 @@
 a fold; a fold never passes a writer still in progress; a REPEATABLE READ session shows in /metrics."""
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -72,9 +73,13 @@ def _end_runs(engine, runner, worker: str) -> None:
     assert len(ledger.expire_leases(engine)) == 1
 
 
-#: ``_end_runs``' four endings as the code of 0017's time wrote them: head's statements read the runs'
-#: configurations through migration 0022's table, which a schema at 0017 does not have.
+#: A runner's registration and ``_end_runs``' four endings as the code of 0017's time wrote them: head's
+#: statements use the tables of migrations 0022 and 0023, which a schema at 0017 does not have.
 _AT_0017 = {
+    "register": "INSERT INTO archive_worker_runners (runner_id, name, kind, hostname, pid, package_version, "
+                "capabilities, concurrency, heartbeat_seconds, lease_seconds, started_at, last_heartbeat_at) "
+                "VALUES (:runner, 'test-runner', 'daemon', 'test', 1, 'test', ARRAY['alpha', 'beta'], 1, 15, 60, "
+                "now(), now())",
     "enqueue": "INSERT INTO archive_worker_runs (worker_name, trigger, request) VALUES (:w, 'API', '{}') "
                "RETURNING run_id",
     "claim": "UPDATE archive_worker_runs SET status = 'RUNNING', runner_id = :runner, started_at = now(), "
@@ -230,7 +235,9 @@ def test_the_upgrade_to_0018_and_back_keeps_every_total(empty_database_url):
     migrate.upgrade(empty_database_url, "0017")
     engine = create_engine_from_url(empty_database_url)
     try:
-        runner = register_runner(engine, ["alpha", "beta"], lease=60)
+        runner = uuid.uuid4()
+        with engine.begin() as conn:
+            conn.execute(text(_AT_0017["register"]), {"runner": runner})
         _end_runs_at_0017(engine, runner, "alpha")
         with engine.begin() as conn:  # two of them ended long ago: behind the first watermark
             conn.execute(text("UPDATE archive_worker_runs SET finished_at = finished_at - interval '1 hour' "

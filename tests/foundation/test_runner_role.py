@@ -286,9 +286,10 @@ def test_the_documented_no_access_list_is_the_code():
     assert not missing, f"docs/security.md's 'No access at all' lacks: {missing}"
 
 
-def test_a_role_made_before_the_configurations_had_a_table_records_a_start_after_the_upgrade(empty_database_url):
-    """Migration 0022 grants its table and the policy to the runner roles that exist when it runs (those with
-    UPDATE on the run's ``config``), so no ``db runner-role`` has to run again for a start to be recorded."""
+def test_a_role_made_before_the_tables_of_reports_and_configurations_runs_after_the_upgrade(empty_database_url):
+    """Migrations 0022 and 0023 grant their tables (and 0022 its policy) to the runner roles that exist when
+    they run, so no ``db runner-role`` has to run again for a runner to register, report its warm models
+    and record a run's start."""
     migrate.upgrade(empty_database_url)
     owner = create_engine_from_url(empty_database_url)
     role = f"runner_{uuid.uuid4().hex[:8]}"
@@ -298,7 +299,10 @@ def test_a_role_made_before_the_configurations_had_a_table_records_a_start_after
         migrate.upgrade(empty_database_url)
         as_runner = create_engine_from_url(_as(empty_database_url, role))
         try:
-            me = register_runner(as_runner, ["embedding"])
+            me = register_runner(as_runner, ["embedding"], sees={"model_dirs": ["/m"]})
+            assert ledger.heartbeat(as_runner, me, 60, warm={"models": []}).registry_renewed
+            assert (registry.get_runner(as_runner, me).sees, registry.get_runner(as_runner, me).warm) == (
+                {"model_dirs": ["/m"]}, {"models": []})
             ledger.enqueue(owner, "embedding", {})
             run = ledger.claim_next(as_runner, me, ["embedding"], 60)
             assert ledger.record_start(as_runner, run.run_id, me, StartParams("transformers", None, {"a": 1}, {}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 import socket
 import uuid
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -12,7 +13,8 @@ from scrinalia.domains.archive import registry
 
 
 def register_runner(engine: Engine, capabilities: list[str], *, lease: float = 60, heartbeat: float = 15,
-                    name: str = "test-runner", kind: str = "daemon") -> uuid.UUID:
+                    name: str = "test-runner", kind: str = "daemon", devices: list[dict[str, Any]] | None = None,
+                    sees: dict[str, Any] | None = None) -> uuid.UUID:
     runner_id = uuid.uuid4()
     registry.register(
         engine,
@@ -28,6 +30,8 @@ def register_runner(engine: Engine, capabilities: list[str], *, lease: float = 6
             heartbeat_seconds=min(heartbeat, lease / 4),
             lease_seconds=lease,
             kind=kind,
+            devices=devices or [],
+            sees=sees or {},
         ),
     )
     return runner_id

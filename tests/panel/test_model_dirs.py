@@ -10,6 +10,7 @@ import pytest
 from playwright.sync_api import expect
 from sqlalchemy import text
 
+from scrinalia.domains.archive import registry
 from tests.panel.conftest import RunnerControl
 from tests.panel.helpers import ADMIN, login, shot
 
@@ -26,10 +27,8 @@ def test_settings_warns_of_a_model_directory_no_online_runner_sees(page, panel_e
                            flags=("--devices", "none"))
     try:
         runner.start().wait_registered(panel_engine)
-        with panel_engine.connect() as conn:
-            sees = conn.execute(text("SELECT sees FROM archive_worker_runners WHERE name = 'models-runner' "
-                                     "AND stopped_at IS NULL")).scalar_one()
-        assert sees == {"model_dirs": [str(root / "tiny")], "model_roots": [str(root)]}
+        [seen] = [r for r in registry.list_runners(panel_engine) if r.name == "models-runner" and r.stopped_at is None]
+        assert seen.sees == {"model_dirs": [str(root / "tiny")], "model_roots": [str(root)]}
 
         login(page, *ADMIN)
         expect(page.get_by_role("heading", name="Workers")).to_be_visible()

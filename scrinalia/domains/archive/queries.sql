@@ -104,10 +104,13 @@ WITH registry AS (
        SET last_heartbeat_at = now(),
            children = CASE WHEN CAST(:children AS jsonb) IS DISTINCT FROM children
                             AND CAST(:children AS jsonb) IS NOT NULL
-                           THEN CAST(:children AS jsonb) ELSE children END,
-           warm = COALESCE(CAST(:warm AS jsonb), warm)
+                           THEN CAST(:children AS jsonb) ELSE children END
      WHERE runner_id = :runner_id
     RETURNING drain_requested_at
+), reported AS (  -- the warm models, only when they changed (the supervisor sends none otherwise)
+    UPDATE archive_worker_runner_reports
+       SET warm = CAST(:warm AS jsonb)
+     WHERE runner_id = :runner_id AND CAST(:warm AS jsonb) IS NOT NULL
 ), runs AS (
     UPDATE archive_worker_runs AS r
        SET heartbeat_at = now(),
@@ -215,14 +218,19 @@ SELECT id, name, engine_name, engine_options, prompt, field, updated_at
 
 -- name: register
 -- fence: the registry's primary key and ck_runner_lease_exceeds_heartbeat
-INSERT INTO archive_worker_runners
-    (runner_id, name, kind, hostname, pid, package_version, schema_revision, capabilities,
-     concurrency, heartbeat_seconds, lease_seconds, poll_seconds, devices, children, sees,
-     started_at, last_heartbeat_at)
-VALUES
-    (:runner_id, :name, :kind, :hostname, :pid, :package_version, :schema_revision, :capabilities,
-     :concurrency, :heartbeat_seconds, :lease_seconds, :poll_seconds, CAST(:devices AS jsonb), '[]',
-     CAST(:sees AS jsonb), now(), now())
+-- The devices and the model directories the runner sees go to a row of their own (decision 0395): the
+-- registry's row, which the heartbeat rewrites at every beat, keeps what changes with the beat.
+WITH registered AS (
+    INSERT INTO archive_worker_runners
+        (runner_id, name, kind, hostname, pid, package_version, schema_revision, capabilities,
+         concurrency, heartbeat_seconds, lease_seconds, poll_seconds, children, started_at, last_heartbeat_at)
+    VALUES
+        (:runner_id, :name, :kind, :hostname, :pid, :package_version, :schema_revision, :capabilities,
+         :concurrency, :heartbeat_seconds, :lease_seconds, :poll_seconds, '[]', now(), now())
+    RETURNING runner_id
+)
+INSERT INTO archive_worker_runner_reports (runner_id, devices, sees)
+SELECT runner_id, CAST(:devices AS jsonb), CAST(:sees AS jsonb) FROM registered
 
 -- name: stop
 -- fence: stopped_at IS NULL

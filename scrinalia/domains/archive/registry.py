@@ -80,7 +80,13 @@ _STATE = """
          ELSE 'stale' END AS state
 """
 
-_COLUMNS = ", ".join(f.name for f in fields(RunnerRow) if f.name != "state")
+#: What a runner reports of its host: in its own row from migration 0023 on, in the registry row before
+#: (a runner registered earlier has no report row). Every reader sees one column each (decision 0395).
+_REPORTED = ("devices", "sees", "warm")
+_FROM_REPORT = ("COALESCE((SELECT rp.{c} FROM archive_worker_runner_reports AS rp "
+                "WHERE rp.runner_id = archive_worker_runners.runner_id), archive_worker_runners.{c}) AS {c}")
+_COLUMNS = ", ".join(_FROM_REPORT.format(c=f.name) if f.name in _REPORTED else f.name
+                     for f in fields(RunnerRow) if f.name != "state")
 
 _LIST = text(
     f"""
