@@ -166,20 +166,18 @@ def _slowdown(timings: list[tuple[float, float]], window: int = 50) -> dict[str,
     return out
 
 
-def ledger_side(url: str, label: str, args: Any, fillfactor: int | None = None, steps: tuple[str, ...] = STEPS,
-                toast_target: int | None = None, config_in_row: bool = False) -> dict[str, Any]:
+def ledger_side(url: str, label: str, args: Any, steps: tuple[str, ...] = STEPS,
+                storage: dict[str, int] | None = None, config_in_row: bool = False) -> dict[str, Any]:
+    """One ledger's growth under the pin; ``storage``: parameters set on the runs and the registry first
+    (``fillfactor``, ``toast_tuple_target``)."""
     engine = create_engine_from_url(url, pool_size=2, pool_pre_ping=False)
     try:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             create_extensions(conn, ("pgstattuple",))
-        if fillfactor:
-            with engine.begin() as conn:
+        with engine.begin() as conn:
+            for name, value in (storage or {}).items():
                 for t in ("archive_worker_runs", "archive_worker_runners"):
-                    conn.execute(text(f"ALTER TABLE {t} SET (fillfactor = {int(fillfactor)})"))
-        if toast_target:
-            with engine.begin() as conn:
-                for t in ("archive_worker_runs", "archive_worker_runners"):
-                    conn.execute(text(f"ALTER TABLE {t} SET (toast_tuple_target = {int(toast_target)})"))
+                    conn.execute(text(f"ALTER TABLE {t} SET ({name} = {int(value)})"))
         runner_id = uuid.uuid4()
         registry.register(engine, registry.RunnerRegistration(
             runner_id=runner_id, name="bench", hostname="bench", pid=0, package_version="bench",
@@ -261,12 +259,10 @@ def main() -> None:
             results = [_head_apart(admin, u, "in_row", "0021's record_start (the configuration in the run's row)",
                                    args, config_in_row=True),
                        ledger_side(url, "head", args)]
-            if args.fillfactor:
-                results.append(_head_apart(admin, u, "ff", f"head, fillfactor {args.fillfactor}", args,
-                                           fillfactor=args.fillfactor))
-            if args.toast_target:
-                results.append(_head_apart(admin, u, "tt", f"head, toast_tuple_target {args.toast_target}", args,
-                                           toast_target=args.toast_target))
+            for name, value in (("fillfactor", args.fillfactor), ("toast_tuple_target", args.toast_target)):
+                if value:
+                    results.append(_head_apart(admin, u, name, f"head, {name} {value}", args,
+                                               storage={name: value}))
             if args.steps_sweep:
                 for k in range(len(STEPS)):
                     steps = STEPS[:k]

@@ -101,6 +101,7 @@ class WorkerRun:
 
 #: A run's configuration and options: in its own row when the previous release's ``record_start`` wrote
 #: them there, else in ``archive_worker_run_configs`` (decision 0394). Every reader sees one column each.
+#: The run's row first: a row the runner role could add there never overrides a finished run's record.
 _RECORDED_COLUMNS = ("config", "options")
 _RECORDED = ("COALESCE(archive_worker_runs.{c}, (SELECT rc.{c} FROM archive_worker_run_configs AS rc "
              "WHERE rc.run_id = archive_worker_runs.run_id)) AS {c}")

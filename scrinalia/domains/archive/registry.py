@@ -82,6 +82,7 @@ _STATE = """
 
 #: What a runner reports of its host: in its own row from migration 0023 on, in the registry row before
 #: (a runner registered earlier has no report row). Every reader sees one column each (decision 0395).
+#: The report row first: for a runner that has one, the registry row's own columns hold only defaults.
 _REPORTED = ("devices", "sees", "warm")
 _FROM_REPORT = ("COALESCE((SELECT rp.{c} FROM archive_worker_runner_reports AS rp "
                 "WHERE rp.runner_id = archive_worker_runners.runner_id), archive_worker_runners.{c}) AS {c}")
